@@ -1,0 +1,661 @@
+//! Validated, immutable runtime config. Built only from a spec that passed
+//! every check; shared by the proxy as an `Arc` snapshot.
+
+use super::spec::{self, ConfigSpec, ProviderKind};
+use super::{ConfigError, ConfigErrors};
+use crate::secret::Secret;
+use arc_swap::ArcSwapOption;
+use loopgate_policy::{Endpoint, KeyDigest, KeyIndex, NamePattern, PatternList};
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
+/// Bodies are held in memory while judged; refuse configs that would let one
+/// request pin more than this.
+pub const MAX_MAX_BODY_BYTES: u64 = 256 * 1024 * 1024;
+const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+#[derive(Debug)]
+pub struct Config {
+    pub file: String,
+    pub listen: SocketAddr,
+    pub threads: usize,
+    pub admin_listen: Option<SocketAddr>,
+    pub providers: Vec<Arc<Provider>>,
+    pub routes: Routes,
+    pub agents: Vec<Agent>,
+    pub keys: KeyIndex<usize>,
+    pub max_body_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub read: Duration,
+    pub total: Duration,
+}
+
+#[derive(Debug)]
+pub struct Provider {
+    pub name: String,
+    pub kind: ProviderKind,
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix from `base_url`, without a trailing slash ("" for none).
+    pub base_path: String,
+    /// `Host` header value sent upstream.
+    pub authority: String,
+    pub api_key: Option<Secret>,
+    pub anthropic_version: String,
+    pub timeouts: Timeouts,
+    /// Resolved address: fixed for IP literals, refreshed in the background
+    /// for host names so that no request ever waits on DNS.
+    pub addr: ArcSwapOption<SocketAddr>,
+}
+
+impl Provider {
+    /// Whether this provider speaks the API behind `endpoint`.
+    pub fn serves(&self, endpoint: Endpoint) -> bool {
+        match self.kind {
+            ProviderKind::Anthropic => endpoint == Endpoint::Messages,
+            ProviderKind::Openai | ProviderKind::OpenaiCompatible => matches!(
+                endpoint,
+                Endpoint::ChatCompletions
+                    | Endpoint::Completions
+                    | Endpoint::Embeddings
+                    | Endpoint::Responses
+            ),
+        }
+    }
+
+    /// Resolves the host now (blocking): start-up and the background refresher only.
+    pub fn resolve(&self) -> std::io::Result<SocketAddr> {
+        use std::net::ToSocketAddrs;
+        let addr = (self.host.as_str(), self.port)
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| std::io::Error::other("no address"))?;
+        self.addr.store(Some(Arc::new(addr)));
+        Ok(addr)
+    }
+
+    pub fn needs_dns(&self) -> bool {
+        self.host.parse::<IpAddr>().is_err()
+    }
+}
+
+#[derive(Debug)]
+pub struct Target {
+    pub provider: Arc<Provider>,
+    pub weight: u32,
+}
+
+#[derive(Debug)]
+pub struct Route {
+    pub targets: Vec<Target>,
+    total_weight: u64,
+    next: AtomicU64,
+}
+
+impl Route {
+    /// Weighted round robin: exact shares without randomness or locks.
+    pub fn pick(&self) -> &Target {
+        let mut n = self.next.fetch_add(1, Ordering::Relaxed) % self.total_weight;
+        for t in &self.targets {
+            if n < t.weight as u64 {
+                return t;
+            }
+            n -= t.weight as u64;
+        }
+        &self.targets[0]
+    }
+}
+
+/// Model name to route: exact names first, then the longest matching prefix.
+#[derive(Debug, Default)]
+pub struct Routes {
+    exact: HashMap<String, Arc<Route>>,
+    prefixes: Vec<(String, Arc<Route>)>,
+}
+
+impl Routes {
+    pub fn find(&self, model: &str) -> Option<&Arc<Route>> {
+        self.exact.get(model).or_else(|| {
+            self.prefixes
+                .iter()
+                .find(|(p, _)| model.starts_with(p.as_str()))
+                .map(|(_, r)| r)
+        })
+    }
+
+    /// The model names (and `prefix*` forms) with a route.
+    pub fn names(&self) -> impl Iterator<Item = String> + '_ {
+        let mut v: Vec<String> = self.exact.keys().cloned().collect();
+        v.extend(self.prefixes.iter().map(|(p, _)| format!("{p}*")));
+        v.sort();
+        v.into_iter()
+    }
+}
+
+#[derive(Debug)]
+pub struct Agent {
+    pub name: Arc<str>,
+    pub models: PatternList,
+    /// `None`: every served endpoint.
+    pub paths: Option<HashSet<Endpoint>>,
+    pub max_body_bytes: u64,
+}
+
+impl Agent {
+    pub fn may_call(&self, endpoint: Endpoint) -> bool {
+        self.paths.as_ref().is_none_or(|p| p.contains(&endpoint))
+    }
+}
+
+struct Errs<'a> {
+    file: &'a str,
+    list: Vec<ConfigError>,
+}
+
+impl Errs<'_> {
+    fn push(&mut self, path: impl Into<String>, why: impl Into<String>) {
+        self.list.push(ConfigError {
+            file: self.file.to_string(),
+            path: path.into(),
+            why: why.into(),
+        });
+    }
+}
+
+/// Validates a spec; collects every error rather than stopping at the first.
+pub fn build(
+    file: &str,
+    spec: ConfigSpec,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigErrors> {
+    let mut errs = Errs {
+        file,
+        list: Vec::new(),
+    };
+
+    let listen = parse_addr(&mut errs, "listen", &spec.listen);
+    let admin_listen = spec
+        .admin
+        .as_ref()
+        .and_then(|a| parse_addr(&mut errs, "admin.listen", &a.listen));
+    let threads = match spec.threads {
+        Some(0) => {
+            errs.push("threads", "must be at least 1");
+            1
+        }
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+
+    let max_body_bytes = spec.policy.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+    check_body_limit(&mut errs, "policy.max_body_bytes", max_body_bytes);
+
+    let mut providers: HashMap<String, Arc<Provider>> = HashMap::new();
+    if spec.providers.is_empty() {
+        errs.push("providers", "at least one provider is required");
+    }
+    for (name, p) in &spec.providers {
+        if let Some(provider) = build_provider(&mut errs, name, p, env) {
+            providers.insert(name.clone(), Arc::new(provider));
+        }
+    }
+
+    let mut routes = Routes::default();
+    let mut seen_models: HashSet<String> = HashSet::new();
+    for (i, r) in spec.routes.iter().enumerate() {
+        let at = format!("routes[{i}]");
+        if r.models.is_empty() {
+            errs.push(format!("{at}.models"), "at least one model is required");
+        }
+        if r.targets.is_empty() {
+            errs.push(format!("{at}.targets"), "at least one target is required");
+        }
+        let mut targets = Vec::new();
+        for (j, t) in r.targets.iter().enumerate() {
+            let weight = t.weight.unwrap_or(1);
+            if weight == 0 {
+                errs.push(format!("{at}.targets[{j}].weight"), "must be at least 1");
+            }
+            match providers.get(&t.provider) {
+                Some(p) => targets.push(Target {
+                    provider: p.clone(),
+                    weight: weight.max(1),
+                }),
+                None if spec.providers.contains_key(&t.provider) => {} // error already reported
+                None => errs.push(
+                    format!("{at}.targets[{j}].provider"),
+                    format!(
+                        "unknown provider `{}` (defined: {})",
+                        t.provider,
+                        list(spec.providers.keys())
+                    ),
+                ),
+            }
+        }
+        if let Some(kind) = targets.first().map(|t| t.provider.kind) {
+            let family = |k: ProviderKind| k == ProviderKind::Anthropic;
+            if targets
+                .iter()
+                .any(|t| family(t.provider.kind) != family(kind))
+            {
+                errs.push(
+                    format!("{at}.targets"),
+                    "targets of one route must all speak the same API (anthropic or openai-style)",
+                );
+            }
+        }
+        let route = Arc::new(Route {
+            total_weight: targets.iter().map(|t| t.weight as u64).sum::<u64>().max(1),
+            targets,
+            next: AtomicU64::new(0),
+        });
+        for (j, m) in r.models.iter().enumerate() {
+            let path = format!("{at}.models[{j}]");
+            if !seen_models.insert(m.clone()) {
+                errs.push(path, format!("model `{m}` is routed twice"));
+                continue;
+            }
+            match NamePattern::parse(m) {
+                Ok(NamePattern::Exact(name)) => {
+                    routes.exact.insert(name, route.clone());
+                }
+                Ok(NamePattern::Prefix(p)) => routes.prefixes.push((p, route.clone())),
+                Err(why) => errs.push(path, why),
+            }
+        }
+    }
+    // Longest prefix first, so `gpt-4o-mini*` wins over `gpt-4o*`.
+    routes
+        .prefixes
+        .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+
+    let mut agents = Vec::new();
+    let mut keys = KeyIndex::default();
+    let mut key_owner: HashMap<String, String> = HashMap::new();
+    for (name, a) in &spec.agents {
+        let at = format!("agents.{name}");
+        let digest = match KeyDigest::from_hex(&a.key_sha256) {
+            Ok(d) => Some(d),
+            Err(why) => {
+                errs.push(format!("{at}.key_sha256"), why);
+                None
+            }
+        };
+        if let Some(d) = digest {
+            if let Some(other) = key_owner.insert(d.to_hex(), name.clone()) {
+                errs.push(
+                    format!("{at}.key_sha256"),
+                    format!("the same key is already used by agent `{other}`"),
+                );
+            }
+        }
+        if a.models.is_empty() {
+            errs.push(
+                format!("{at}.models"),
+                "at least one model is required (use \"*\" to allow every routed model)",
+            );
+        }
+        let models = PatternList::parse(&a.models).unwrap_or_else(|(j, why)| {
+            errs.push(format!("{at}.models[{j}]"), why);
+            PatternList::default()
+        });
+        let paths = a.paths.as_ref().map(|paths| {
+            if paths.is_empty() {
+                errs.push(
+                    format!("{at}.paths"),
+                    "must not be empty (omit it to allow every endpoint)",
+                );
+            }
+            let mut set = HashSet::new();
+            for (j, p) in paths.iter().enumerate() {
+                match Endpoint::from_path(p) {
+                    Some(e) => {
+                        set.insert(e);
+                    }
+                    None => errs.push(
+                        format!("{at}.paths[{j}]"),
+                        format!(
+                            "`{p}` is not an endpoint Loopgate serves (one of: {})",
+                            list(Endpoint::ALL.iter().map(|e| e.path()))
+                        ),
+                    ),
+                }
+            }
+            set
+        });
+        let max_body = a.max_body_bytes.unwrap_or(max_body_bytes);
+        if a.max_body_bytes.is_some() {
+            check_body_limit(&mut errs, &format!("{at}.max_body_bytes"), max_body);
+        }
+        if let Some(d) = digest {
+            keys.insert(d, agents.len());
+        }
+        agents.push(Agent {
+            name: Arc::from(name.as_str()),
+            models,
+            paths,
+            max_body_bytes: max_body,
+        });
+    }
+
+    if !errs.list.is_empty() {
+        return Err(ConfigErrors(errs.list));
+    }
+    let mut providers: Vec<Arc<Provider>> = providers.into_values().collect();
+    providers.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Config {
+        file: file.to_string(),
+        listen: listen.expect("validated"),
+        threads,
+        admin_listen,
+        providers,
+        routes,
+        agents,
+        keys,
+        max_body_bytes,
+    })
+}
+
+fn list<I: IntoIterator<Item = S>, S: AsRef<str>>(items: I) -> String {
+    items
+        .into_iter()
+        .map(|s| s.as_ref().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn parse_addr(errs: &mut Errs, path: &str, s: &str) -> Option<SocketAddr> {
+    match s.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.push(
+                path,
+                format!("`{s}` is not an IP:port address (e.g. 127.0.0.1:8080)"),
+            );
+            None
+        }
+    }
+}
+
+fn check_body_limit(errs: &mut Errs, path: &str, v: u64) {
+    if v == 0 || v > MAX_MAX_BODY_BYTES {
+        errs.push(path, format!("must be between 1 and {MAX_MAX_BODY_BYTES}"));
+    }
+}
+
+fn build_provider(
+    errs: &mut Errs,
+    name: &str,
+    p: &spec::ProviderSpec,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<Provider> {
+    let at = format!("providers.{name}");
+    let before = errs.list.len();
+    let uri: Option<http::Uri> = match p.base_url.parse::<http::Uri>() {
+        Ok(u) => Some(u),
+        Err(e) => {
+            errs.push(format!("{at}.base_url"), format!("not a URL: {e}"));
+            None
+        }
+    };
+    let mut parts = None;
+    if let Some(uri) = uri {
+        let tls = match uri.scheme_str() {
+            Some("https") => Some(true),
+            Some("http") => Some(false),
+            _ => {
+                errs.push(
+                    format!("{at}.base_url"),
+                    "must start with http:// or https://",
+                );
+                None
+            }
+        };
+        let host = uri
+            .host()
+            .filter(|h| !h.is_empty())
+            .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string());
+        if host.is_none() {
+            errs.push(format!("{at}.base_url"), "must name a host");
+        }
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            errs.push(
+                format!("{at}.base_url"),
+                "must not contain credentials; use api_key_env",
+            );
+        }
+        if uri.query().is_some() {
+            errs.push(format!("{at}.base_url"), "must not contain a query string");
+        }
+        if let (Some(tls), Some(host)) = (tls, host) {
+            let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+            let base_path = uri.path().trim_end_matches('/').to_string();
+            let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
+            parts = Some((tls, host, port, base_path, authority));
+        }
+    }
+
+    let api_key = match &p.api_key_env {
+        Some(var) if var.is_empty() => {
+            errs.push(
+                format!("{at}.api_key_env"),
+                "must name an environment variable",
+            );
+            None
+        }
+        Some(var) => match env(var) {
+            Some(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_string())),
+            Some(_) => {
+                errs.push(
+                    format!("{at}.api_key_env"),
+                    format!("environment variable {var} is empty"),
+                );
+                None
+            }
+            None => {
+                errs.push(
+                    format!("{at}.api_key_env"),
+                    format!("environment variable {var} is not set"),
+                );
+                None
+            }
+        },
+        None if p.kind != ProviderKind::OpenaiCompatible => {
+            errs.push(
+                format!("{at}.api_key_env"),
+                "required for this provider kind (only openai_compatible may run without a key)",
+            );
+            None
+        }
+        None => None,
+    };
+    if p.anthropic_version.is_some() && p.kind != ProviderKind::Anthropic {
+        errs.push(
+            format!("{at}.anthropic_version"),
+            "only applies to kind: anthropic",
+        );
+    }
+
+    let t = &p.timeouts;
+    let mut ms = |field: &str, v: Option<u64>, default: u64| -> Duration {
+        let v = v.unwrap_or(default);
+        if v == 0 || v > 24 * 3600 * 1000 {
+            errs.push(
+                format!("{at}.timeouts.{field}"),
+                "must be between 1 and 86400000 milliseconds",
+            );
+        }
+        Duration::from_millis(v)
+    };
+    let timeouts = Timeouts {
+        connect: ms("connect_ms", t.connect_ms, 5_000),
+        read: ms("read_ms", t.read_ms, 120_000),
+        total: ms("total_ms", t.total_ms, 600_000),
+    };
+
+    if errs.list.len() != before {
+        return None;
+    }
+    let (tls, host, port, base_path, authority) = parts?;
+    let addr = host
+        .parse::<IpAddr>()
+        .ok()
+        .map(|ip| Arc::new(SocketAddr::new(ip, port)));
+    Some(Provider {
+        name: name.to_string(),
+        kind: p.kind,
+        tls,
+        host,
+        port,
+        base_path,
+        authority,
+        api_key,
+        anthropic_version: p
+            .anthropic_version
+            .clone()
+            .unwrap_or_else(|| DEFAULT_ANTHROPIC_VERSION.to_string()),
+        timeouts,
+        addr: ArcSwapOption::new(addr),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse;
+    use super::*;
+
+    fn build_str(yaml: &str) -> Result<Config, Vec<String>> {
+        let spec = parse("t.yaml", yaml).map_err(|e| vec![e.to_string()])?;
+        build("t.yaml", spec, &|v| {
+            (v == "SET").then(|| "sk-test".to_string())
+        })
+        .map_err(|e| e.0.iter().map(|e| e.to_string()).collect())
+    }
+
+    const GOOD: &str = r#"
+listen: 127.0.0.1:8080
+providers:
+  oa: { kind: openai, base_url: "https://api.openai.com", api_key_env: SET }
+  local: { kind: openai_compatible, base_url: "http://127.0.0.1:11434/prefix/" }
+routes:
+  - models: [gpt-4o, "gpt-4o-mini*"]
+    targets: [ { provider: oa, weight: 3 }, { provider: local } ]
+agents:
+  a:
+    key_sha256: "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    models: [gpt-4o]
+    paths: [/v1/chat/completions]
+"#;
+
+    #[test]
+    fn good_config_builds() {
+        let c = build_str(GOOD).unwrap();
+        assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+        let local = c.providers.iter().find(|p| p.name == "local").unwrap();
+        assert_eq!(local.base_path, "/prefix");
+        assert_eq!(local.port, 11434);
+        assert!(!local.tls);
+        assert!(local.addr.load().is_some());
+        let oa = c.providers.iter().find(|p| p.name == "oa").unwrap();
+        assert!(oa.tls && oa.port == 443 && oa.needs_dns());
+        assert_eq!(oa.api_key.as_ref().unwrap().expose(), "sk-test");
+        assert!(c.routes.find("gpt-4o").is_some());
+        assert!(c.routes.find("gpt-4o-mini-2024").is_some());
+        assert!(c.routes.find("gpt-4o-2024").is_none());
+        assert_eq!(c.keys.lookup(b"abc"), Some(&0));
+    }
+
+    #[test]
+    fn weighted_round_robin_gives_exact_shares() {
+        let c = build_str(GOOD).unwrap();
+        let r = c.routes.find("gpt-4o").unwrap();
+        let picks: Vec<&str> = (0..8).map(|_| r.pick().provider.name.as_str()).collect();
+        assert_eq!(picks.iter().filter(|n| **n == "oa").count(), 6);
+    }
+
+    #[test]
+    fn unknown_fields_name_their_path() {
+        let e = build_str(&GOOD.replace("paths:", "pathz:")).unwrap_err();
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("t.yaml: agents.a.pathz: unknown field `pathz`, expected one of"),
+            "{e:?}"
+        );
+        assert!(e[0].ends_with("at line 13 column 5"), "{e:?}");
+    }
+
+    #[test]
+    fn every_semantic_error_is_reported() {
+        let bad = r#"
+listen: nope
+providers:
+  oa: { kind: openai, base_url: "ftp://x", api_key_env: UNSET }
+  an: { kind: anthropic, base_url: "https://api.anthropic.com" }
+routes:
+  - models: [m, "a*b"]
+    targets: [ { provider: ghost, weight: 0 } ]
+agents:
+  a: { key_sha256: "xyz", models: [], paths: [/admin] }
+"#;
+        let e = build_str(bad).unwrap_err().join("\n");
+        for want in [
+            "t.yaml: listen: `nope` is not an IP:port",
+            "t.yaml: providers.oa.base_url: must start with http:// or https://",
+            "t.yaml: providers.oa.api_key_env: environment variable UNSET is not set",
+            "t.yaml: providers.an.api_key_env: required for this provider kind",
+            "t.yaml: routes[0].models[1]: `a*b`",
+            "t.yaml: routes[0].targets[0].weight: must be at least 1",
+            "t.yaml: routes[0].targets[0].provider: unknown provider `ghost`",
+            "t.yaml: agents.a.key_sha256: must be 64 hex digits",
+            "t.yaml: agents.a.models: at least one model is required",
+            "t.yaml: agents.a.paths[0]: `/admin` is not an endpoint",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in\n{e}");
+        }
+    }
+
+    #[test]
+    fn shared_keys_and_duplicate_routes_are_errors() {
+        let yaml = format!(
+            "{GOOD}  b:\n    key_sha256: \"BA7816BF8F01CFEA414140DE5DAE2223B00361A396177A9CB410FF61F20015AD\"\n    models: [\"*\"]\n"
+        )
+        .replace("[gpt-4o, \"gpt-4o-mini*\"]", "[gpt-4o, gpt-4o]");
+        let e = build_str(&yaml).unwrap_err().join("\n");
+        assert!(
+            e.contains("agents.b.key_sha256: the same key is already used by agent `a`"),
+            "{e}"
+        );
+        assert!(
+            e.contains("routes[0].models[1]: model `gpt-4o` is routed twice"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mixed_api_families_in_one_route_are_refused() {
+        let yaml = GOOD.replace(
+            "local: { kind: openai_compatible",
+            "local: { kind: anthropic, api_key_env: SET",
+        );
+        let e = build_str(&yaml).unwrap_err().join("\n");
+        assert!(
+            e.contains("routes[0].targets: targets of one route must all speak the same API"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn secrets_do_not_appear_in_debug_output() {
+        let c = build_str(GOOD).unwrap();
+        assert!(!format!("{c:?}").contains("sk-test"));
+    }
+}

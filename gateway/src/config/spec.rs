@@ -1,0 +1,116 @@
+//! The config file as written: strict serde types, one per YAML section.
+//!
+//! Every struct denies unknown fields, so a typo is an error rather than a
+//! silently ignored setting. These types carry no behaviour; `runtime.rs`
+//! validates them into the types the proxy uses.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigSpec {
+    /// Proxy listener, e.g. `0.0.0.0:8080`.
+    pub listen: String,
+    /// Worker threads of the proxy service (default: number of CPUs).
+    #[serde(default)]
+    pub threads: Option<usize>,
+    #[serde(default)]
+    pub admin: Option<AdminSpec>,
+    pub providers: BTreeMap<String, ProviderSpec>,
+    #[serde(default)]
+    pub routes: Vec<RouteSpec>,
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentSpec>,
+    #[serde(default)]
+    pub policy: PolicySpec,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSpec {
+    /// Admin listener (health and readiness now; metrics and the admin API
+    /// later). Loopback by default.
+    pub listen: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    Openai,
+    Anthropic,
+    OpenaiCompatible,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSpec {
+    pub kind: ProviderKind,
+    /// `http://` or `https://` origin, optionally with a path prefix.
+    pub base_url: String,
+    /// Environment variable holding the provider key. Required for `openai`
+    /// and `anthropic`; optional for `openai_compatible`.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// `anthropic-version` sent when the agent did not send one.
+    #[serde(default)]
+    pub anthropic_version: Option<String>,
+    #[serde(default)]
+    pub timeouts: TimeoutsSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsSpec {
+    /// TCP (and TLS) connect, milliseconds. Default 5000.
+    #[serde(default)]
+    pub connect_ms: Option<u64>,
+    /// Longest wait for any single read from the provider: bounds both the
+    /// time to the first response byte and a stall between streamed chunks.
+    /// Default 120000.
+    #[serde(default)]
+    pub read_ms: Option<u64>,
+    /// Whole exchange including a streamed body. Default 600000.
+    #[serde(default)]
+    pub total_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// Model names this route serves: exact, or `prefix*`.
+    pub models: Vec<String>,
+    pub targets: Vec<TargetSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetSpec {
+    pub provider: String,
+    /// Relative share of traffic among this route's targets. Default 1.
+    #[serde(default)]
+    pub weight: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    /// SHA-256 hex of the agent's gateway key (`loopgate hash-key`).
+    pub key_sha256: String,
+    /// Models the agent may use: exact names, or `prefix*`; `*` for all.
+    pub models: Vec<String>,
+    /// Endpoint paths the agent may call. Default: every served endpoint.
+    #[serde(default)]
+    pub paths: Option<Vec<String>>,
+    /// Overrides `policy.max_body_bytes` for this agent.
+    #[serde(default)]
+    pub max_body_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Largest request body accepted, in bytes. Default 1 MiB.
+    #[serde(default)]
+    pub max_body_bytes: Option<u64>,
+}

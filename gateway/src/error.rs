@@ -1,0 +1,149 @@
+//! Every error Loopgate itself answers with, mapped in one place to an HTTP
+//! status, a stable code, an OpenAI-style error type and a retry hint.
+//!
+//! The body is OpenAI's error shape, extended:
+//! `{"error":{"type":..,"code":..,"message":..,"request_id":..,"retryable":..}}`
+//! and the response carries `x-loopgate-error: <code>`, so an agent can tell a
+//! gateway decision from a provider's own error.
+
+use loopgate_policy::{Deny, DenyCode};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayError {
+    /// Admission refused the request.
+    Denied(Deny),
+    /// The request could not be read (broken framing, client went away).
+    BadRequest(String),
+    /// The routed provider does not speak this endpoint's API.
+    UnsupportedEndpoint { model: String },
+    /// No connection could be made (refused, unreachable, TLS, unresolved).
+    UpstreamUnreachable(String),
+    /// The provider did not answer in time.
+    UpstreamTimeout(String),
+    /// The exchange with the provider failed after connecting.
+    UpstreamFailed(String),
+    /// Something inside the gateway went wrong; the request is refused.
+    Internal(String),
+}
+
+impl From<Deny> for GatewayError {
+    fn from(d: Deny) -> Self {
+        GatewayError::Denied(d)
+    }
+}
+
+impl GatewayError {
+    pub fn status(&self) -> u16 {
+        match self {
+            GatewayError::Denied(d) => d.code.status(),
+            GatewayError::UnsupportedEndpoint { .. } | GatewayError::BadRequest(_) => 400,
+            GatewayError::UpstreamUnreachable(_) | GatewayError::UpstreamFailed(_) => 502,
+            GatewayError::UpstreamTimeout(_) => 504,
+            GatewayError::Internal(_) => 500,
+        }
+    }
+
+    /// Stable machine-readable code; also the metrics label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GatewayError::Denied(d) => d.code.as_str(),
+            GatewayError::UnsupportedEndpoint { .. } => "unsupported_endpoint",
+            GatewayError::BadRequest(_) => "bad_request",
+            GatewayError::UpstreamUnreachable(_) => "upstream_unreachable",
+            GatewayError::UpstreamTimeout(_) => "upstream_timeout",
+            GatewayError::UpstreamFailed(_) => "upstream_error",
+            GatewayError::Internal(_) => "internal_error",
+        }
+    }
+
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            GatewayError::Denied(d) => d.code.error_type(),
+            GatewayError::UnsupportedEndpoint { .. } | GatewayError::BadRequest(_) => {
+                "invalid_request_error"
+            }
+            GatewayError::UpstreamUnreachable(_)
+            | GatewayError::UpstreamTimeout(_)
+            | GatewayError::UpstreamFailed(_) => "upstream_error",
+            GatewayError::Internal(_) => "gateway_error",
+        }
+    }
+
+    pub fn retryable(&self) -> bool {
+        match self {
+            GatewayError::Denied(d) => d.code.retryable(),
+            GatewayError::UnsupportedEndpoint { .. } | GatewayError::BadRequest(_) => false,
+            GatewayError::UpstreamUnreachable(_)
+            | GatewayError::UpstreamTimeout(_)
+            | GatewayError::UpstreamFailed(_)
+            | GatewayError::Internal(_) => true,
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            GatewayError::Denied(d) => d.message.clone(),
+            GatewayError::UnsupportedEndpoint { model } => {
+                format!(
+                    "model `{model}` is served by a provider that does not support this endpoint"
+                )
+            }
+            GatewayError::BadRequest(m)
+            | GatewayError::UpstreamUnreachable(m)
+            | GatewayError::UpstreamTimeout(m)
+            | GatewayError::UpstreamFailed(m)
+            | GatewayError::Internal(m) => m.clone(),
+        }
+    }
+
+    pub fn deny_code(&self) -> Option<DenyCode> {
+        match self {
+            GatewayError::Denied(d) => Some(d.code),
+            _ => None,
+        }
+    }
+
+    /// The JSON body for this error.
+    pub fn body(&self, request_id: &str) -> Vec<u8> {
+        let v = serde_json::json!({
+            "error": {
+                "type": self.error_type(),
+                "code": self.code(),
+                "message": self.message(),
+                "request_id": request_id,
+                "retryable": self.retryable(),
+            }
+        });
+        serde_json::to_vec(&v).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_the_documented_shape() {
+        let e = GatewayError::Denied(Deny::new(DenyCode::ModelNotAllowed, "no \"x\""));
+        let v: serde_json::Value = serde_json::from_slice(&e.body("rid-1")).unwrap();
+        assert_eq!(v["error"]["code"], "model_not_allowed");
+        assert_eq!(v["error"]["type"], "permission_error");
+        assert_eq!(v["error"]["message"], "no \"x\"");
+        assert_eq!(v["error"]["request_id"], "rid-1");
+        assert_eq!(v["error"]["retryable"], false);
+        assert_eq!(e.status(), 403);
+    }
+
+    #[test]
+    fn upstream_errors_are_retryable_gateway_statuses() {
+        for (e, s) in [
+            (GatewayError::UpstreamUnreachable("x".into()), 502),
+            (GatewayError::UpstreamTimeout("x".into()), 504),
+            (GatewayError::UpstreamFailed("x".into()), 502),
+            (GatewayError::Internal("x".into()), 500),
+        ] {
+            assert_eq!(e.status(), s);
+            assert!(e.retryable());
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! `loopgate`: a fail-closed AI agent gateway on Pingora.
+//!
+//! Subcommands: `run` (the gateway), `check` (validate a config), `hash-key`
+//! (digest an agent key for the config), `mock` (a local provider) and
+//! `demo` (mock plus gateway on loopback, ready to try).
+
+mod config;
+mod error;
+mod mock;
+mod proxy;
+mod secret;
+mod server;
+
+use clap::{Parser, Subcommand};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "loopgate", version, about = "A fail-closed AI agent gateway")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Run {
+        #[arg(long, default_value = "conf/gateway.yaml")]
+        config: PathBuf,
+    },
+    /// Validate a config file and print a summary or every error.
+    Check {
+        #[arg(long, default_value = "conf/gateway.yaml")]
+        config: PathBuf,
+    },
+    /// Read an agent key on stdin and print its SHA-256 for `key_sha256`.
+    HashKey,
+    /// Run the local OpenAI- and Anthropic-compatible mock provider.
+    Mock {
+        #[arg(long, default_value = "127.0.0.1:18081")]
+        listen: SocketAddr,
+        /// Worker threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        #[command(flatten)]
+        faults: FaultArgs,
+    },
+    /// Start the mock and the gateway with conf/demo.yaml and print examples.
+    Demo {
+        #[arg(long, default_value = "conf/demo.yaml")]
+        config: PathBuf,
+        /// Where the mock listens; conf/demo.yaml points its providers here.
+        #[arg(long, default_value = "127.0.0.1:18081")]
+        mock_listen: SocketAddr,
+    },
+}
+
+/// Faults applied to every mock request (headers can still override them).
+#[derive(clap::Args)]
+struct FaultArgs {
+    /// Answer every request with this status.
+    #[arg(long)]
+    status: Option<u16>,
+    /// With --status: send this Retry-After (seconds).
+    #[arg(long)]
+    retry_after: Option<u64>,
+    /// Wait this long before each response header.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    /// Content pieces (tokens) per answer.
+    #[arg(long, default_value_t = 8)]
+    chunks: usize,
+    /// Wait between streamed events.
+    #[arg(long, default_value_t = 0)]
+    chunk_delay_ms: u64,
+    /// Drop streams after this many events.
+    #[arg(long)]
+    reset_after: Option<usize>,
+}
+
+/// The key the demo agent uses; conf/demo.yaml holds its SHA-256.
+const DEMO_AGENT_KEY: &str = "demo-agent-key";
+/// The provider credential the demo injects (the mock records it).
+const DEMO_UPSTREAM_KEY_ENV: &str = "LOOPGATE_DEMO_UPSTREAM_KEY";
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run { config } => run(&config),
+        Command::Check { config } => check(&config),
+        Command::HashKey => hash_key(),
+        Command::Mock {
+            listen,
+            threads,
+            faults,
+        } => mock(listen, threads, faults),
+        Command::Demo {
+            config,
+            mock_listen,
+        } => demo(&config, mock_listen),
+    }
+}
+
+fn run(path: &Path) -> ExitCode {
+    match config::load(path) {
+        Ok(cfg) => server::run(cfg),
+        Err(errs) => {
+            eprintln!("{errs}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn check(path: &Path) -> ExitCode {
+    match config::load(path) {
+        Ok(cfg) => {
+            println!(
+                "{}: ok: listen {}, {} providers, {} routed models, {} agents, max body {} bytes",
+                cfg.file,
+                cfg.listen,
+                cfg.providers.len(),
+                cfg.routes.names().count(),
+                cfg.agents.len(),
+                cfg.max_body_bytes
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errs) => {
+            eprintln!("{errs}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn hash_key() -> ExitCode {
+    let mut input = Vec::new();
+    if let Err(e) = std::io::stdin().read_to_end(&mut input) {
+        eprintln!("cannot read stdin: {e}");
+        return ExitCode::from(1);
+    }
+    // Only the line ending is dropped: a key is used exactly as written.
+    let key = input
+        .strip_suffix(b"\n")
+        .map(|k| k.strip_suffix(b"\r").unwrap_or(k))
+        .unwrap_or(&input);
+    if key.is_empty() {
+        eprintln!("no key on stdin (try: printf '%s' \"$KEY\" | loopgate hash-key)");
+        return ExitCode::from(1);
+    }
+    println!("{}", loopgate_policy::hash_key(key).to_hex());
+    ExitCode::SUCCESS
+}
+
+fn mock_options(f: FaultArgs) -> mock::MockOptions {
+    mock::MockOptions {
+        defaults: mock::Faults {
+            status: f.status,
+            retry_after: f.retry_after,
+            latency_ms: f.latency_ms,
+            chunks: f.chunks.max(1),
+            chunk_delay_ms: f.chunk_delay_ms,
+            reset_after: f.reset_after,
+        },
+    }
+}
+
+fn mock(listen: SocketAddr, threads: usize, faults: FaultArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let res = rt.block_on(mock::serve(listen, mock_options(faults), |addr| {
+        // Tests read this line to learn the port when listening on :0.
+        println!("mock listening on {addr}");
+        let _ = std::io::stdout().flush();
+    }));
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mock: cannot listen on {listen}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn demo(path: &Path, mock_listen: SocketAddr) -> ExitCode {
+    let env = |name: &str| {
+        if name == DEMO_UPSTREAM_KEY_ENV {
+            Some(std::env::var(name).unwrap_or_else(|_| "mock-upstream-secret".to_string()))
+        } else {
+            std::env::var(name).ok()
+        }
+    };
+    let cfg = match config::load_with_env(path, &env) {
+        Ok(cfg) => cfg,
+        Err(errs) => {
+            eprintln!("{errs}");
+            return ExitCode::from(2);
+        }
+    };
+    let faults = mock::Faults::default();
+    let mock_addr = match mock::spawn(mock_listen, mock::MockOptions { defaults: faults }, 1) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("demo: cannot start the mock provider on {mock_listen}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let gw = format!("http://{}", cfg.listen);
+    println!(
+        r#"
+Loopgate demo
+  mock provider   http://{mock_addr}   (recorded requests: curl -s http://{mock_addr}/_mock/requests)
+  gateway         {gw}
+  agent key       {DEMO_AGENT_KEY}
+
+Chat completion (OpenAI shape):
+  curl -s {gw}/v1/chat/completions -H 'Authorization: Bearer {DEMO_AGENT_KEY}' \
+    -H 'content-type: application/json' \
+    -d '{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"hi"}}]}}'
+
+Streaming (SSE, passes through unbuffered):
+  curl -sN {gw}/v1/chat/completions -H 'Authorization: Bearer {DEMO_AGENT_KEY}' \
+    -H 'content-type: application/json' -H 'x-mock-chunk-delay-ms: 200' \
+    -d '{{"model":"gpt-4o-mini","stream":true,"messages":[{{"role":"user","content":"hi"}}]}}'
+
+Anthropic Messages, streaming:
+  curl -sN {gw}/v1/messages -H 'x-api-key: {DEMO_AGENT_KEY}' -H 'anthropic-version: 2023-06-01' \
+    -H 'content-type: application/json' \
+    -d '{{"model":"claude-3-5-haiku-latest","max_tokens":64,"stream":true,"messages":[{{"role":"user","content":"hi"}}]}}'
+
+A denial (model not allowed for this agent), with its structured error:
+  curl -si {gw}/v1/chat/completions -H 'Authorization: Bearer {DEMO_AGENT_KEY}' \
+    -H 'content-type: application/json' -d '{{"model":"gpt-4o","messages":[]}}'
+
+Python (pip install openai anthropic):
+  from openai import OpenAI
+  client = OpenAI(base_url="{gw}/v1", api_key="{DEMO_AGENT_KEY}")
+  print(client.chat.completions.create(model="gpt-4o-mini",
+        messages=[{{"role": "user", "content": "hi"}}]).choices[0].message.content)
+
+  import anthropic
+  client = anthropic.Anthropic(base_url="{gw}", api_key="{DEMO_AGENT_KEY}")
+  print(client.messages.create(model="claude-3-5-haiku-latest", max_tokens=64,
+        messages=[{{"role": "user", "content": "hi"}}]).content[0].text)
+
+Press Ctrl-C to stop.
+"#
+    );
+    let _ = std::io::stdout().flush();
+    server::run(cfg)
+}

@@ -1,0 +1,85 @@
+//! Fault injection for the mock, per request (headers) or for every request
+//! (command line). Headers override the command-line defaults.
+//!
+//! | header | effect |
+//! |---|---|
+//! | `x-mock-status: 503` | answer with this status and a provider-shaped error |
+//! | `x-mock-retry-after: 7` | with a status: send `Retry-After: 7` |
+//! | `x-mock-latency-ms: 200` | wait before the response header |
+//! | `x-mock-chunks: 20` | number of content pieces (tokens) in the answer |
+//! | `x-mock-chunk-delay-ms: 50` | wait between streamed events |
+//! | `x-mock-reset-after: 3` | drop the connection after this many streamed events |
+
+use http::HeaderMap;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Faults {
+    pub status: Option<u16>,
+    pub retry_after: Option<u64>,
+    pub latency_ms: u64,
+    pub chunks: usize,
+    pub chunk_delay_ms: u64,
+    pub reset_after: Option<usize>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            status: None,
+            retry_after: None,
+            latency_ms: 0,
+            chunks: 8,
+            chunk_delay_ms: 0,
+            reset_after: None,
+        }
+    }
+}
+
+/// Upper bound on content pieces, so a header cannot make the mock build a
+/// gigantic answer.
+const MAX_CHUNKS: usize = 100_000;
+
+impl Faults {
+    pub fn overridden_by(&self, headers: &HeaderMap) -> Faults {
+        fn num<T: std::str::FromStr>(h: &HeaderMap, name: &str) -> Option<T> {
+            h.get(name)?.to_str().ok()?.trim().parse().ok()
+        }
+        let mut f = self.clone();
+        if let Some(s) = num::<u16>(headers, "x-mock-status").filter(|s| (100..600).contains(s)) {
+            f.status = Some(s);
+        }
+        if let Some(v) = num(headers, "x-mock-retry-after") {
+            f.retry_after = Some(v);
+        }
+        if let Some(v) = num(headers, "x-mock-latency-ms") {
+            f.latency_ms = v;
+        }
+        if let Some(v) = num::<usize>(headers, "x-mock-chunks") {
+            f.chunks = v.clamp(1, MAX_CHUNKS);
+        }
+        if let Some(v) = num(headers, "x-mock-chunk-delay-ms") {
+            f.chunk_delay_ms = v;
+        }
+        if let Some(v) = num(headers, "x-mock-reset-after") {
+            f.reset_after = Some(v);
+        }
+        f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_override_defaults_and_junk_is_ignored() {
+        let mut h = HeaderMap::new();
+        h.insert("x-mock-status", "503".parse().unwrap());
+        h.insert("x-mock-chunks", "0".parse().unwrap());
+        h.insert("x-mock-latency-ms", "abc".parse().unwrap());
+        let f = Faults::default().overridden_by(&h);
+        assert_eq!(f.status, Some(503));
+        assert_eq!(f.chunks, 1);
+        assert_eq!(f.latency_ms, 0);
+    }
+}

@@ -1,0 +1,332 @@
+//! `loopgate mock`: a local OpenAI- and Anthropic-compatible provider for
+//! the demo, the tests and the benchmarks.
+//!
+//! Serves chat completions, completions, responses, embeddings, messages and
+//! models, non-streaming and as real SSE in each provider's format with a
+//! final usage. Faults are injected per request with `x-mock-*` headers, or
+//! for every request from the command line (see [`Faults`]). It records the
+//! last requests it received (headers, body length and SHA-256) at
+//! `GET /_mock/requests`, so tests can see exactly what reached a provider,
+//! and counts accepted connections and requests at `GET /_mock/stats`.
+//!
+//! Built on Pingora's HTTP/1 server session over a plain tokio listener:
+//! keep-alive, chunked streaming and a bound port that can be 0.
+
+mod faults;
+mod responses;
+
+pub use faults::Faults;
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::Stream;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// How many received requests the mock remembers.
+const RECORD_LIMIT: usize = 1000;
+
+#[derive(Debug, Clone, Default)]
+pub struct MockOptions {
+    pub defaults: Faults,
+}
+
+/// One request as it reached the mock.
+#[derive(Debug, Clone)]
+struct Recorded {
+    seq: u64,
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body_len: usize,
+    body_sha256: String,
+}
+
+pub struct MockState {
+    options: MockOptions,
+    seq: AtomicU64,
+    connections: AtomicU64,
+    recorded: Mutex<VecDeque<Recorded>>,
+}
+
+impl MockState {
+    pub fn new(options: MockOptions) -> Arc<Self> {
+        Arc::new(MockState {
+            options,
+            seq: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+            recorded: Mutex::new(VecDeque::with_capacity(RECORD_LIMIT)),
+        })
+    }
+
+    fn record(&self, r: Recorded) {
+        if let Ok(mut q) = self.recorded.lock() {
+            if q.len() == RECORD_LIMIT {
+                q.pop_front();
+            }
+            q.push_back(r);
+        }
+    }
+
+    fn recorded_json(&self) -> Value {
+        let q = match self.recorded.lock() {
+            Ok(q) => q.clone(),
+            Err(_) => VecDeque::new(),
+        };
+        json!({
+            "requests": q.iter().map(|r| json!({
+                "seq": r.seq,
+                "method": r.method,
+                "path": r.path,
+                "headers": r.headers.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+                "body_len": r.body_len,
+                "body_sha256": r.body_sha256,
+            })).collect::<Vec<_>>()
+        })
+    }
+}
+
+/// Binds `addr` and serves until the process ends. Returns the bound address
+/// through `on_bound` (useful with port 0).
+pub async fn serve(
+    addr: SocketAddr,
+    options: MockOptions,
+    on_bound: impl FnOnce(SocketAddr),
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    on_bound(listener.local_addr()?);
+    let state = MockState::new(options);
+    loop {
+        let (tcp, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!("mock: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        state.connections.fetch_add(1, Ordering::Relaxed);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let stream: Stream = Box::new(pingora::protocols::l4::stream::Stream::from(tcp));
+            serve_connection(stream, state).await;
+        });
+    }
+}
+
+/// Runs the mock on its own runtime in a background thread; returns the
+/// bound address once it is listening.
+pub fn spawn(
+    addr: SocketAddr,
+    options: MockOptions,
+    threads: usize,
+) -> std::io::Result<SocketAddr> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("loopgate-mock".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads.max(1))
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let tx2 = tx.clone();
+            let res = rt.block_on(serve(addr, options, move |a| {
+                let _ = tx2.send(Ok(a));
+            }));
+            if let Err(e) = res {
+                let _ = tx.send(Err(e));
+            }
+        })?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("mock thread ended"))?
+}
+
+async fn serve_connection(mut stream: Stream, state: Arc<MockState>) {
+    loop {
+        let mut session = ServerSession::new_http1(stream);
+        match session.read_request().await {
+            Ok(true) => {}
+            _ => return,
+        }
+        if !handle(&mut session, &state).await {
+            return; // fault: drop the connection mid-response
+        }
+        match session.finish().await {
+            Ok(Some(reusable)) => stream = reusable.into_parts().0,
+            _ => return,
+        }
+    }
+}
+
+/// Serves one request. Returns false when the connection must be dropped.
+async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
+    let mut body = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) => break,
+            Err(_) => return false,
+        }
+    }
+    let req = session.req_header();
+    let method = req.method.as_str().to_string();
+    let path = req.uri.path().to_string();
+    let faults = state.options.defaults.overridden_by(&req.headers);
+
+    if path == "/_mock/requests" {
+        return write_json(session, 200, &state.recorded_json(), &[]).await;
+    }
+    if path == "/_mock/stats" {
+        let stats = json!({
+            "connections": state.connections.load(Ordering::Relaxed),
+            "requests": state.seq.load(Ordering::Relaxed),
+        });
+        return write_json(session, 200, &stats, &[]).await;
+    }
+    if path == "/_mock/reset" {
+        if let Ok(mut q) = state.recorded.lock() {
+            q.clear();
+        }
+        return write_json(session, 200, &json!({"reset": true}), &[]).await;
+    }
+
+    state.record(Recorded {
+        seq: state.seq.fetch_add(1, Ordering::Relaxed),
+        method: method.clone(),
+        path: req
+            .uri
+            .path_and_query()
+            .map_or_else(|| path.clone(), |p| p.to_string()),
+        headers: req
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body_len: body.len(),
+        body_sha256: hex::encode(Sha256::digest(&body)),
+    });
+
+    if faults.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
+    }
+    let anthropic = path == "/v1/messages";
+    if let Some(status) = faults.status {
+        let body = responses::error_body(anthropic, status, "injected fault");
+        let retry_after = faults.retry_after.map(|s| s.to_string());
+        let extra: Vec<(&str, &str)> = retry_after
+            .as_deref()
+            .map(|r| vec![("retry-after", r)])
+            .unwrap_or_default();
+        return write_json(session, status, &body, &extra).await;
+    }
+
+    let parsed: Option<Value> = if body.is_empty() {
+        None
+    } else {
+        serde_json::from_slice(&body).ok()
+    };
+    let endpoint = match (method.as_str(), path.as_str()) {
+        ("GET", "/v1/models") => {
+            return write_json(session, 200, &responses::models(), &[]).await;
+        }
+        ("POST", p) => responses::Endpoint::from_path(p),
+        _ => None,
+    };
+    let Some(endpoint) = endpoint else {
+        let body = responses::error_body(anthropic, 404, &format!("no route {method} {path}"));
+        return write_json(session, 404, &body, &[]).await;
+    };
+    let Some(req_json) = parsed.filter(|v| v.is_object()) else {
+        let body = responses::error_body(anthropic, 400, "body must be a JSON object");
+        return write_json(session, 400, &body, &[]).await;
+    };
+    let exchange = responses::Exchange::new(endpoint, &req_json, body.len(), faults.chunks);
+    if req_json.get("stream").and_then(Value::as_bool) == Some(true)
+        && endpoint != responses::Endpoint::Embeddings
+    {
+        stream_events(session, &exchange, &faults).await
+    } else {
+        write_json(session, 200, &exchange.full_response(), &[]).await
+    }
+}
+
+async fn stream_events(
+    session: &mut ServerSession,
+    ex: &responses::Exchange,
+    faults: &Faults,
+) -> bool {
+    let mut resp = match ResponseHeader::build(200, Some(4)) {
+        Ok(r) => r,
+        Err(_) => return false,
+    };
+    let _ = resp.insert_header("content-type", "text/event-stream");
+    let _ = resp.insert_header("cache-control", "no-cache");
+    let _ = resp.insert_header("transfer-encoding", "chunked");
+    if session.write_response_header(Box::new(resp)).await.is_err() {
+        return false;
+    }
+    let events = ex.stream_events();
+    for (i, event) in events.iter().enumerate() {
+        if faults.reset_after.is_some_and(|n| i >= n) {
+            return false; // abrupt end: no terminating chunk
+        }
+        if i > 0 && faults.chunk_delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(faults.chunk_delay_ms)).await;
+        }
+        if session
+            .write_response_body(Bytes::from(event.clone()), false)
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+    session
+        .write_response_body(Bytes::new(), true)
+        .await
+        .is_ok()
+}
+
+async fn write_json(
+    session: &mut ServerSession,
+    status: u16,
+    v: &Value,
+    extra: &[(&str, &str)],
+) -> bool {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    let Ok(mut resp) = ResponseHeader::build(status, Some(3 + extra.len())) else {
+        return false;
+    };
+    let _ = resp.insert_header("content-type", "application/json");
+    let _ = resp.insert_header("content-length", body.len().to_string());
+    for (k, val) in extra {
+        let _ = resp.insert_header(k.to_string(), val.to_string());
+    }
+    if session.write_response_header(Box::new(resp)).await.is_err() {
+        return false;
+    }
+    session
+        .write_response_body(Bytes::from(body), true)
+        .await
+        .is_ok()
+}

@@ -1,0 +1,233 @@
+//! Admission in `request_filter`: identify the agent, read and judge the
+//! body, pick the route. Runs before anything goes upstream; every refusal
+//! is answered here, never by failing a later hook (Pingora would still
+//! contact the upstream after a `request_body_filter` error).
+
+use super::ctx::Admission;
+use crate::config::Config;
+use crate::error::GatewayError;
+use bytes::{Bytes, BytesMut};
+use loopgate_policy::{inspect_body, Deny, DenyCode, Endpoint};
+use pingora_proxy::Session;
+use std::sync::Arc;
+
+/// Headers an agent may authenticate with, in order of preference.
+pub const AGENT_KEY_HEADERS: [&str; 3] = ["authorization", "x-api-key", "x-agent-token"];
+
+/// What admission decided for a request that passed it.
+pub enum Admitted {
+    /// Forward upstream with this body (already read in full).
+    Forward(Arc<Admission>, Bytes),
+    /// `GET /v1/models`: answered by the gateway for this agent.
+    ListModels(usize),
+}
+
+/// The endpoint a request addresses, or the denial for an unknown one.
+pub fn endpoint_of(session: &Session) -> Result<Endpoint, GatewayError> {
+    let req = session.req_header();
+    let endpoint = Endpoint::from_path(req.uri.path()).ok_or_else(|| {
+        Deny::new(
+            DenyCode::NotFound,
+            format!(
+                "no such endpoint: {} {}",
+                req.method,
+                truncate(req.uri.path(), 200)
+            ),
+        )
+    })?;
+    if req.method.as_str() != endpoint.method() {
+        return Err(Deny::new(
+            DenyCode::MethodNotAllowed,
+            format!("{} only accepts {}", endpoint.path(), endpoint.method()),
+        )
+        .into());
+    }
+    Ok(endpoint)
+}
+
+/// The agent behind the presented key: its index in `cfg.agents`.
+pub fn authenticate(session: &Session, cfg: &Config) -> Result<usize, GatewayError> {
+    let req = session.req_header();
+    let key = AGENT_KEY_HEADERS.iter().find_map(|h| {
+        let v = req.headers.get(*h)?.as_bytes();
+        let v = if *h == "authorization" {
+            strip_bearer(v)?
+        } else {
+            v
+        };
+        let v = v.trim_ascii();
+        (!v.is_empty()).then_some(v)
+    });
+    let Some(key) = key else {
+        return Err(Deny::new(
+            DenyCode::MissingKey,
+            "no gateway key: send `Authorization: Bearer <key>`, `x-api-key` or `x-agent-token`",
+        )
+        .into());
+    };
+    cfg.keys
+        .lookup(key)
+        .copied()
+        .ok_or_else(|| Deny::new(DenyCode::UnknownKey, "the gateway key is not known").into())
+}
+
+fn strip_bearer(v: &[u8]) -> Option<&[u8]> {
+    let v = v.trim_ascii();
+    (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ")).then(|| &v[7..])
+}
+
+/// Reads the whole body, refusing it as soon as it is known to exceed
+/// `limit`: from `Content-Length` before reading anything, or while reading
+/// a chunked body, without buffering the rest.
+///
+/// When the body is refused part-way, `linger` is set: the client is still
+/// sending, and closing now would reset the connection before it reads our
+/// 413. See [`linger`].
+pub async fn read_body(
+    session: &mut Session,
+    limit: u64,
+    linger: &mut bool,
+) -> Result<Bytes, GatewayError> {
+    let too_large = || {
+        GatewayError::Denied(Deny::new(
+            DenyCode::BodyTooLarge,
+            format!("request body exceeds the limit of {limit} bytes"),
+        ))
+    };
+    let declared = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    // A client that asked to wait (`Expect: 100-continue`) sends the body only
+    // after we said so, which we do only once the cheap checks passed.
+    let expects_continue = session
+        .req_header()
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if declared.is_some_and(|n| n > limit) {
+        // The unread body stays on the wire: this connection cannot be reused.
+        session.set_keepalive(None);
+        *linger = !expects_continue;
+        return Err(too_large());
+    }
+    if expects_continue {
+        session
+            .downstream_session
+            .write_continue_response()
+            .await
+            .map_err(|e| GatewayError::Internal(format!("cannot send 100 Continue: {e}")))?;
+    }
+    // Keep the first 64 KiB in Pingora's retry buffer: for bodies that fit,
+    // Pingora replays it upstream itself (see `mod.rs` for the large case).
+    session.downstream_session.enable_retry_buffering();
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(4096).min(limit) as usize);
+    loop {
+        let chunk = session
+            .downstream_session
+            .read_request_body()
+            .await
+            .map_err(|e| {
+                GatewayError::BadRequest(format!("could not read the request body: {e}"))
+            })?;
+        let Some(chunk) = chunk else { break };
+        if (buf.len() + chunk.len()) as u64 > limit {
+            session.set_keepalive(None);
+            *linger = true;
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+/// Bounds on reading and discarding a refused body after answering, so the
+/// client receives the answer instead of a connection reset.
+const LINGER_BYTES: usize = 64 * 1024 * 1024;
+const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reads and discards what the client is still sending, within bounds; the
+/// connection is closed afterwards (keep-alive was already turned off).
+pub async fn linger(session: &mut Session) {
+    let drain = async {
+        let mut seen = 0usize;
+        while let Ok(Some(chunk)) = session.downstream_session.read_request_body().await {
+            seen += chunk.len();
+            if seen > LINGER_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+}
+
+/// Judges an authenticated request; on success returns what to forward.
+pub async fn admit(
+    session: &mut Session,
+    cfg: &Config,
+    agent_idx: usize,
+    endpoint: Endpoint,
+    request_id: &str,
+    linger: &mut bool,
+) -> Result<Admitted, GatewayError> {
+    let agent = &cfg.agents[agent_idx];
+    if !agent.may_call(endpoint) {
+        return Err(Deny::new(
+            DenyCode::PathNotAllowed,
+            format!("agent `{}` may not call {}", agent.name, endpoint.path()),
+        )
+        .into());
+    }
+    if !endpoint.has_body() {
+        return Ok(Admitted::ListModels(agent_idx));
+    }
+    let body = read_body(session, agent.max_body_bytes, linger).await?;
+    let facts = inspect_body(endpoint, &body)?;
+    if !agent.models.allows(&facts.model) {
+        return Err(Deny::new(
+            DenyCode::ModelNotAllowed,
+            format!(
+                "agent `{}` may not use model `{}`",
+                agent.name,
+                truncate(&facts.model, 200)
+            ),
+        )
+        .into());
+    }
+    let route = cfg.routes.find(&facts.model).ok_or_else(|| {
+        Deny::new(
+            DenyCode::UnknownModel,
+            format!("no route for model `{}`", truncate(&facts.model, 200)),
+        )
+    })?;
+    let target = route.pick();
+    if !target.provider.serves(endpoint) {
+        return Err(GatewayError::UnsupportedEndpoint { model: facts.model });
+    }
+    Ok(Admitted::Forward(
+        Arc::new(Admission {
+            request_id: request_id.to_string(),
+            agent: agent.name.clone(),
+            endpoint,
+            model: facts.model,
+            provider: target.provider.clone(),
+            stream: facts.stream,
+            body_len: body.len(),
+        }),
+        body,
+    ))
+}
+
+/// Cuts agent-controlled text echoed in messages to a bounded length.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

@@ -1,0 +1,67 @@
+//! The typed per-request context and the admission record that travels with
+//! an admitted request (into a subrequest, when the body is large).
+
+use crate::config::Provider;
+use crate::error::GatewayError;
+use loopgate_policy::Endpoint;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Everything the later hooks need to know about an admitted request.
+/// Immutable once built; shared with a subrequest as an `Arc`.
+#[derive(Debug)]
+pub struct Admission {
+    pub request_id: String,
+    pub agent: Arc<str>,
+    pub endpoint: Endpoint,
+    pub model: String,
+    pub provider: Arc<Provider>,
+    pub stream: bool,
+    pub body_len: usize,
+}
+
+/// Per-request state, created by `new_ctx` and filled in by the hooks.
+#[derive(Debug)]
+pub struct RequestCtx {
+    pub started: Instant,
+    pub request_id: String,
+    pub agent: Option<Arc<str>>,
+    pub admitted: Option<Arc<Admission>>,
+    /// This context belongs to the subrequest that carries a large body.
+    pub is_subrequest: bool,
+    /// A large body was forwarded through a subrequest; its hooks did the proxying.
+    pub forwarded_by_subrequest: bool,
+    /// Set by a hook that failed for a reason it knows better than the
+    /// transport error that follows (e.g. an unresolved provider).
+    pub pending_error: Option<GatewayError>,
+    /// A refused body is still arriving: read it off before closing.
+    pub linger: bool,
+    /// The error code Loopgate answered with, if any.
+    pub error_code: Option<&'static str>,
+    pub upstream_status: Option<u16>,
+    pub upstream_started: Option<Instant>,
+}
+
+impl RequestCtx {
+    pub fn new() -> Self {
+        RequestCtx {
+            started: Instant::now(),
+            request_id: String::new(),
+            agent: None,
+            admitted: None,
+            is_subrequest: false,
+            forwarded_by_subrequest: false,
+            pending_error: None,
+            linger: false,
+            error_code: None,
+            upstream_status: None,
+            upstream_started: None,
+        }
+    }
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        Self::new()
+    }
+}

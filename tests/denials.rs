@@ -1,0 +1,243 @@
+//! Every admission denial: its status, its code, the structured error body,
+//! and that nothing reached the provider.
+
+use loopgate_tests::*;
+
+#[test]
+fn every_denial_is_structured_and_sends_nothing_upstream() {
+    let mock = Mock::start();
+    let gw = Gateway::start_default(&mock);
+    let chat = gw.url("/v1/chat/completions");
+    let embeddings = gw.url("/v1/embeddings");
+    let files = gw.url("/v1/files");
+    let admin = gw.url("/admin/config");
+    let traversal = gw.url("/v1/chat/completions/../../admin");
+    let messages = gw.url("/v1/messages");
+    let key = auth(AGENT_KEY);
+    let narrow = auth(NARROW_KEY);
+    let ok = r#"{"model":"gpt-4o-mini","messages":[]}"#;
+    let cases: Vec<(&str, Vec<&str>, u16, &str)> = vec![
+        ("no key", vec![&chat, "-d", ok], 401, "missing_key"),
+        (
+            "empty bearer",
+            vec![&chat, "-H", "Authorization: Bearer ", "-d", ok],
+            401,
+            "missing_key",
+        ),
+        (
+            "basic auth is not a key",
+            vec![&chat, "-H", "Authorization: Basic dGVzdA==", "-d", ok],
+            401,
+            "missing_key",
+        ),
+        (
+            "unknown key",
+            vec![&chat, "-H", "Authorization: Bearer sk-wrong", "-d", ok],
+            401,
+            "unknown_key",
+        ),
+        (
+            "unknown x-api-key",
+            vec![&chat, "-H", "x-api-key: sk-wrong", "-d", ok],
+            401,
+            "unknown_key",
+        ),
+        (
+            "path not allowed",
+            vec![
+                &embeddings,
+                "-H",
+                &narrow,
+                "-d",
+                r#"{"model":"gpt-4o","input":"x"}"#,
+            ],
+            403,
+            "path_not_allowed",
+        ),
+        (
+            "model not allowed",
+            vec![
+                &chat,
+                "-H",
+                &key,
+                "-d",
+                r#"{"model":"gpt-4o","messages":[]}"#,
+            ],
+            403,
+            "model_not_allowed",
+        ),
+        (
+            "no prefix match",
+            vec![
+                &chat,
+                "-H",
+                &key,
+                "-d",
+                r#"{"model":"gpt-4o-mini-2024-07-18","messages":[]}"#,
+            ],
+            403,
+            "model_not_allowed",
+        ),
+        (
+            "malformed json",
+            vec![
+                &chat,
+                "-H",
+                &key,
+                "-d",
+                r#"{"model":"gpt-4o-mini","messages":["#,
+            ],
+            400,
+            "invalid_json",
+        ),
+        (
+            "not an object",
+            vec![&chat, "-H", &key, "-d", r#"["gpt-4o-mini"]"#],
+            400,
+            "invalid_json",
+        ),
+        (
+            "empty body",
+            vec![&chat, "-H", &key, "-d", ""],
+            400,
+            "invalid_json",
+        ),
+        (
+            "duplicate model",
+            vec![
+                &chat,
+                "-H",
+                &key,
+                "-d",
+                r#"{"model":"gpt-4o-mini","model":"gpt-4o","messages":[]}"#,
+            ],
+            400,
+            "invalid_json",
+        ),
+        (
+            "missing model",
+            vec![&chat, "-H", &key, "-d", r#"{"messages":[]}"#],
+            400,
+            "missing_model",
+        ),
+        (
+            "model not a string",
+            vec![
+                &chat,
+                "-H",
+                &key,
+                "-d",
+                r#"{"model":["gpt-4o-mini"],"messages":[]}"#,
+            ],
+            400,
+            "missing_model",
+        ),
+        (
+            "messages not an array",
+            vec![
+                &chat,
+                "-H",
+                &key,
+                "-d",
+                r#"{"model":"gpt-4o-mini","messages":"hi"}"#,
+            ],
+            400,
+            "invalid_messages",
+        ),
+        (
+            "messages missing",
+            vec![&chat, "-H", &key, "-d", r#"{"model":"gpt-4o-mini"}"#],
+            400,
+            "invalid_messages",
+        ),
+        (
+            "unknown endpoint",
+            vec![&files, "-H", &key, "-d", ok],
+            404,
+            "not_found",
+        ),
+        (
+            "admin is not on the proxy port",
+            vec![&admin, "-H", &key],
+            404,
+            "not_found",
+        ),
+        (
+            "traversal is unknown",
+            vec![&traversal, "--path-as-is", "-H", &key, "-d", ok],
+            404,
+            "not_found",
+        ),
+        (
+            "wrong method",
+            vec![&chat, "-X", "GET", "-H", &key],
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "anthropic endpoint, openai model",
+            vec![&messages, "-H", &key, "-d", ok],
+            400,
+            "unsupported_endpoint",
+        ),
+    ];
+    for (name, args, status, code) in cases {
+        let r = curl(&args);
+        assert_eq!(r.status, status, "{name}: {}", r.text());
+        r.assert_gateway_error(status, code);
+        let body = r.json();
+        assert_eq!(body["error"]["retryable"], false, "{name}");
+        assert!(!r.text().contains(AGENT_KEY), "{name}: key echoed");
+    }
+    assert!(
+        mock.requests().is_empty(),
+        "denied requests reached the provider: {:?}",
+        mock.requests()
+    );
+
+    // A model the agent may use but no route serves.
+    let yaml = default_config(&mock).replace(
+        "models: [gpt-4o-mini, text-embedding",
+        "models: [gpt-4o-mini, o3, text-embedding",
+    );
+    let gw = Gateway::start(&yaml);
+    let r = curl(&[
+        &gw.url("/v1/chat/completions"),
+        "-H",
+        &key,
+        "-d",
+        r#"{"model":"o3","messages":[]}"#,
+    ]);
+    r.assert_gateway_error(404, "unknown_model");
+    assert!(mock.requests().is_empty());
+}
+
+#[test]
+fn oversized_bodies_get_413_whatever_the_framing() {
+    let mock = Mock::start();
+    let gw = Gateway::start_default(&mock);
+    let chat = gw.url("/v1/chat/completions");
+    let key = auth(AGENT_KEY);
+    let big = vec![b'a'; MAX_BODY + 1];
+    for framing in [
+        vec![],                                   // Content-Length, curl sends Expect: 100-continue
+        vec!["-H", "Expect:"],                    // Content-Length, body sent at once
+        vec!["-H", "Transfer-Encoding: chunked"], // chunked with Expect
+        vec!["-H", "Transfer-Encoding: chunked", "-H", "Expect:"],
+    ] {
+        let mut args = vec![chat.as_str(), "-H", &key];
+        args.extend(framing.iter().copied());
+        let r = curl_body(&args, &big);
+        r.assert_gateway_error(413, "body_too_large");
+    }
+    assert!(mock.requests().is_empty());
+    // And the gateway still serves afterwards.
+    let r = curl(&[
+        &chat,
+        "-H",
+        &key,
+        "-d",
+        r#"{"model":"gpt-4o-mini","messages":[]}"#,
+    ]);
+    assert_eq!(r.status, 200);
+}

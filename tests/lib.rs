@@ -1,0 +1,348 @@
+//! Helpers for Loopgate's end-to-end tests: start the real `loopgate`
+//! binary (gateway and mock provider) on loopback ports and talk to them with
+//! real clients (curl, the official SDKs).
+//!
+//! Every test gets its own mock and gateway on fresh ports, so tests run in
+//! parallel and never depend on each other.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The agent key the test configs accept for agent `tester`.
+pub const AGENT_KEY: &str = "test-agent-key-0001";
+/// The narrow agent: `/v1/chat/completions` and model `gpt-4o` only.
+pub const NARROW_KEY: &str = "test-narrow-key-0002";
+/// The provider credential the gateway injects.
+pub const UPSTREAM_KEY: &str = "sk-upstream-secret-42";
+/// `policy.max_body_bytes` in [`Gateway::start_default`].
+pub const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// The `loopgate` binary of the current build profile.
+pub fn bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test-binary> -> target/<profile>/loopgate
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join(format!("loopgate{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (cargo test --workspace builds it)",
+        bin.display()
+    );
+    bin
+}
+
+/// A fresh scratch directory under the system temp dir.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "loopgate-test-{}-{}-{}",
+        tag,
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// A child process killed when dropped.
+pub struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The mock provider (`loopgate mock`) on a kernel-chosen port.
+pub struct Mock {
+    pub addr: SocketAddr,
+    _proc: Proc,
+}
+
+impl Mock {
+    pub fn start() -> Mock {
+        Mock::start_with(&[])
+    }
+
+    pub fn start_with(args: &[&str]) -> Mock {
+        let mut child = Command::new(bin())
+            .args(["mock", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start loopgate mock");
+        let stdout = child.stdout.take().expect("mock stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read mock address");
+        let addr = line
+            .trim()
+            .strip_prefix("mock listening on ")
+            .unwrap_or_else(|| panic!("unexpected mock output: {line:?}"))
+            .parse()
+            .expect("mock address");
+        Mock {
+            addr,
+            _proc: Proc(child),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request the mock received, oldest first.
+    pub fn requests(&self) -> Vec<Value> {
+        let r = curl(&[&format!("{}/_mock/requests", self.url())]);
+        assert_eq!(r.status, 200, "mock requests: {}", r.text());
+        r.json()["requests"].as_array().cloned().unwrap_or_default()
+    }
+
+    pub fn last_request(&self) -> Value {
+        self.requests().pop().expect("the mock received a request")
+    }
+}
+
+/// Header value of a recorded mock request (first match, case-insensitive).
+pub fn recorded_header<'a>(req: &'a Value, name: &str) -> Option<&'a str> {
+    req["headers"].as_array()?.iter().find_map(|h| {
+        (h[0].as_str()?.eq_ignore_ascii_case(name))
+            .then(|| h[1].as_str())
+            .flatten()
+    })
+}
+
+/// SHA-256 hex, as the mock records bodies.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+/// The standard test config, pointing both providers at `mock`.
+pub fn default_config(mock: &Mock) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+threads: 2
+providers:
+  oa:
+    kind: openai_compatible
+    base_url: {mock}
+    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
+    timeouts: {{ connect_ms: 1000, read_ms: 5000, total_ms: 20000 }}
+  an:
+    kind: anthropic
+    base_url: {mock}
+    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
+routes:
+  - models: [gpt-4o, gpt-4o-mini, text-embedding-3-small]
+    targets: [ {{ provider: oa }} ]
+  - models: ["claude-3-5-haiku*"]
+    targets: [ {{ provider: an }} ]
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: [gpt-4o-mini, text-embedding-3-small, "claude-3-5-haiku*"]
+  narrow:
+    key_sha256: "{narrow}"
+    models: [gpt-4o]
+    paths: [/v1/chat/completions]
+policy:
+  max_body_bytes: {max_body}
+"#,
+        mock = mock.url(),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+        narrow = sha256_hex(NARROW_KEY.as_bytes()),
+        max_body = MAX_BODY,
+    )
+}
+
+/// A running gateway (`loopgate run`).
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub dir: PathBuf,
+    _proc: Proc,
+}
+
+impl Gateway {
+    pub fn start_default(mock: &Mock) -> Gateway {
+        Gateway::start(&default_config(mock))
+    }
+
+    /// Starts the gateway with `yaml`, where `{PORT}` is replaced by a free
+    /// port. Retries on a fresh port if another process took it meanwhile.
+    pub fn start(yaml: &str) -> Gateway {
+        let dir = scratch_dir("gw");
+        for _ in 0..5 {
+            let port = free_port();
+            let path = dir.join("gateway.yaml");
+            std::fs::write(&path, yaml.replace("{PORT}", &port.to_string())).expect("write config");
+            let mut child = Command::new(bin())
+                .args(["run", "--config"])
+                .arg(&path)
+                .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start loopgate run");
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // exited: port taken or bad config; retry or fail below
+                }
+                if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                    return Gateway {
+                        addr,
+                        dir,
+                        _proc: Proc(child),
+                    };
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("the gateway did not start; config:\n{yaml}");
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}
+
+/// A response as curl saw it.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    /// Asserts Loopgate's structured error with this status and code.
+    pub fn assert_gateway_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "body: {}", self.text());
+        assert_eq!(self.header("x-loopgate-error"), Some(code), "{self:?}");
+        let v = self.json();
+        let e = &v["error"];
+        assert_eq!(e["code"], code, "{v}");
+        assert!(e["type"].is_string(), "{v}");
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["retryable"].is_boolean(), "{v}");
+        let rid = e["request_id"].as_str().expect("request_id");
+        assert!(!rid.is_empty());
+        assert_eq!(self.header("x-request-id"), Some(rid));
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/json"),
+            "{self:?}"
+        );
+    }
+}
+
+/// Runs curl with `args` (plus `-s -i`, and a 30 s limit) and parses its output.
+pub fn curl(args: &[&str]) -> Resp {
+    let out = Command::new("curl")
+        .args(["-s", "-i", "-m", "30"])
+        .args(args)
+        .output()
+        .expect("run curl (is it installed?)");
+    parse_curl(&out.stdout).unwrap_or_else(|| {
+        panic!(
+            "curl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// As [`curl`], sending `body` on stdin (`--data-binary @-`).
+pub fn curl_body(args: &[&str], body: &[u8]) -> Resp {
+    let mut child = Command::new("curl")
+        .args(["-s", "-i", "-m", "30", "--data-binary", "@-"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run curl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let body = body.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&body);
+    });
+    let out = child.wait_with_output().expect("curl output");
+    let _ = writer.join();
+    parse_curl(&out.stdout).unwrap_or_else(|| {
+        panic!(
+            "curl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn parse_curl(mut out: &[u8]) -> Option<Resp> {
+    loop {
+        let end = find(out, b"\r\n\r\n")?;
+        let head = std::str::from_utf8(&out[..end]).ok()?;
+        let rest = &out[end + 4..];
+        let mut lines = head.split("\r\n");
+        let status: u16 = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+        if (100..200).contains(&status) {
+            out = rest; // informational (100 Continue): the real response follows
+            continue;
+        }
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        return Some(Resp {
+            status,
+            headers,
+            body: rest.to_vec(),
+        });
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Common curl arguments for a JSON POST with the test agent's key.
+pub fn auth(key: &str) -> String {
+    format!("Authorization: Bearer {key}")
+}
