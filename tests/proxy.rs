@@ -338,3 +338,63 @@ fn upstream_connections_are_reused() {
     let conns = r.json()["connections"].as_u64().unwrap();
     assert!(conns <= 4, "20 requests used {conns} upstream connections");
 }
+
+#[test]
+fn unreachable_provider_on_the_large_body_path_is_502_too() {
+    let mock = Mock::start();
+    let closed = free_port();
+    let yaml = default_config(&mock).replacen(
+        &format!("base_url: {}", mock.url()),
+        &format!("base_url: http://127.0.0.1:{closed}"),
+        1,
+    );
+    let gw = Gateway::start(&yaml);
+    let mut body = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":""#.to_vec();
+    body.extend(std::iter::repeat_n(b'x', 200 * 1024));
+    body.extend_from_slice(br#""}]}"#);
+    let r = curl_body(
+        &[&gw.url("/v1/chat/completions"), "-H", &auth(AGENT_KEY)],
+        &body,
+    );
+    r.assert_gateway_error(502, "upstream_unreachable");
+}
+
+#[test]
+fn a_stream_the_provider_breaks_mid_way_ends_without_hurting_the_gateway() {
+    let mock = Mock::start();
+    let gw = Gateway::start_default(&mock);
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-N", "-m", "10"])
+        .arg(gw.url("/v1/chat/completions"))
+        .args([
+            "-H",
+            &auth(AGENT_KEY),
+            "-H",
+            "x-mock-reset-after: 3",
+            "-H",
+            "x-mock-chunks: 10",
+        ])
+        .args([
+            "-d",
+            r#"{"model":"gpt-4o-mini","stream":true,"messages":[]}"#,
+        ])
+        .output()
+        .unwrap();
+    let body = String::from_utf8_lossy(&out.stdout);
+    // The three events sent before the break arrived, untouched; the end did not.
+    assert_eq!(body.matches("data: ").count(), 3, "{body}");
+    assert!(!body.contains("[DONE]"));
+    assert!(
+        !out.status.success(),
+        "curl must see an incomplete response"
+    );
+    // The gateway is fine afterwards.
+    let r = curl(&[
+        &gw.url("/v1/chat/completions"),
+        "-H",
+        &auth(AGENT_KEY),
+        "-d",
+        CHAT,
+    ]);
+    assert_eq!(r.status, 200);
+}
