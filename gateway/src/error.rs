@@ -69,9 +69,17 @@ impl GatewayError {
         }
     }
 
+    /// `Retry-After` in whole seconds, when known.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            GatewayError::Denied(d) => d.retry_after_secs(),
+            _ => None,
+        }
+    }
+
     pub fn retryable(&self) -> bool {
         match self {
-            GatewayError::Denied(d) => d.code.retryable(),
+            GatewayError::Denied(d) => d.retryable,
             GatewayError::UnsupportedEndpoint { .. } | GatewayError::BadRequest(_) => false,
             GatewayError::UpstreamUnreachable(_)
             | GatewayError::UpstreamTimeout(_)

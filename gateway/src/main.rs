@@ -6,8 +6,10 @@
 
 mod config;
 mod error;
+mod metrics;
 mod mock;
 mod proxy;
+mod reload;
 mod secret;
 mod server;
 
@@ -107,7 +109,7 @@ fn main() -> ExitCode {
 
 fn run(path: &Path) -> ExitCode {
     match config::load(path) {
-        Ok(cfg) => server::run(cfg),
+        Ok(cfg) => server::run(cfg, path.to_path_buf()),
         Err(errs) => {
             eprintln!("{errs}");
             ExitCode::from(2)
@@ -259,5 +261,5 @@ Press Ctrl-C to stop.
 "#
     );
     let _ = std::io::stdout().flush();
-    server::run(cfg)
+    server::run(cfg, path.to_path_buf())
 }

@@ -2,14 +2,18 @@
 //! listener, and the background DNS refresher.
 
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::proxy::Gateway;
+use crate::reload;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use loopgate_policy::{Clock, MemoryStore, StateStore, SystemClock};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
 use pingora::services::listening::Service;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,12 +21,17 @@ use std::time::Duration;
 const DNS_REFRESH: Duration = Duration::from_secs(30);
 
 /// Runs the gateway until the process is stopped. Does not return.
-pub fn run(cfg: Config) -> ! {
+pub fn run(cfg: Config, path: PathBuf) -> ! {
     let listen = cfg.listen;
     let admin = cfg.admin_listen;
     let threads = cfg.threads;
-    start_dns_refresher(&cfg);
+    resolve_all(&cfg);
     let config = Arc::new(ArcSwap::from_pointee(cfg));
+    start_dns_refresher(config.clone());
+    let metrics = Arc::new(Metrics::new());
+    reload::spawn(path, config.clone(), metrics.clone());
+    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock::default());
 
     let conf = ServerConf {
         threads,
@@ -37,7 +46,7 @@ pub fn run(cfg: Config) -> ! {
 
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(config.clone()),
+        Gateway::new(config.clone(), store, clock, metrics.clone()),
         "loopgate proxy",
     );
     proxy.add_tcp(&listen.to_string());
@@ -45,7 +54,7 @@ pub fn run(cfg: Config) -> ! {
     server.add_service(proxy);
 
     if let Some(admin) = admin {
-        let mut svc = Service::new("loopgate admin".to_string(), Admin { config });
+        let mut svc = Service::new("loopgate admin".to_string(), Admin { config, metrics });
         svc.add_tcp(&admin.to_string());
         svc.threads = Some(1);
         server.add_service(svc);
@@ -54,45 +63,46 @@ pub fn run(cfg: Config) -> ! {
     server.run_forever()
 }
 
-/// Resolves provider host names once now, then every `DNS_REFRESH`, so that
-/// requests never wait on DNS. A failed lookup keeps the last address.
-fn start_dns_refresher(cfg: &Config) {
-    let named: Vec<_> = cfg
-        .providers
-        .iter()
-        .filter(|p| p.needs_dns())
-        .cloned()
-        .collect();
-    if named.is_empty() {
-        return;
-    }
-    for p in &named {
+fn resolve_all(cfg: &Config) {
+    for p in cfg.providers.iter().filter(|p| p.needs_dns()) {
         if let Err(e) = p.resolve() {
             log::warn!("provider `{}`: cannot resolve `{}`: {e}", p.name, p.host);
         }
     }
+}
+
+/// Resolves the current snapshot's provider host names every
+/// `DNS_REFRESH`, so that requests never wait on DNS. A failed lookup keeps
+/// the last address.
+fn start_dns_refresher(config: Arc<ArcSwap<Config>>) {
     std::thread::Builder::new()
         .name("loopgate-dns".into())
         .spawn(move || loop {
             std::thread::sleep(DNS_REFRESH);
-            for p in &named {
-                if let Err(e) = p.resolve() {
-                    log::warn!("provider `{}`: cannot resolve `{}`: {e}", p.name, p.host);
-                }
-            }
+            resolve_all(&config.load());
         })
         .ok();
 }
 
-/// The admin listener. For now: liveness and readiness.
+/// The admin listener. For now: liveness, readiness and metrics.
 struct Admin {
     config: Arc<ArcSwap<Config>>,
+    metrics: Arc<Metrics>,
 }
 
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> http::Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
+        if path == "/metrics" {
+            let body = self.metrics.render();
+            return http::Response::builder()
+                .status(200)
+                .header("content-type", "text/plain; version=0.0.4")
+                .header("content-length", body.len())
+                .body(body)
+                .unwrap_or_default();
+        }
         let (status, body) = match path.as_str() {
             "/health" => (200, serde_json::json!({"status": "ok"})),
             "/ready" => {

@@ -2,37 +2,58 @@
 //! refused, each with its HTTP status and whether retrying can help.
 
 use std::fmt;
+use std::time::Duration;
 
 /// Why a request was refused. The string form (`as_str`) is part of the API:
 /// agents match on it and metrics use it as a bounded label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DenyCode {
     NotFound,
     MethodNotAllowed,
     MissingKey,
     UnknownKey,
     PathNotAllowed,
+    MissingHeader,
     BodyTooLarge,
     InvalidJson,
+    InvalidRequest,
     MissingModel,
     InvalidMessages,
     ModelNotAllowed,
     UnknownModel,
+    ToolNotAllowed,
+    MaxTokensExceeded,
+    TooManyMessages,
+    BlockedPhrase,
+    RateLimited,
+    TooManyInFlight,
+    /// The policy could not be evaluated (a failed store, a poisoned lock):
+    /// the request is refused, never let through.
+    PolicyUnavailable,
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 11] = [
+    pub const ALL: [DenyCode; 20] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
         DenyCode::UnknownKey,
         DenyCode::PathNotAllowed,
+        DenyCode::MissingHeader,
         DenyCode::BodyTooLarge,
         DenyCode::InvalidJson,
+        DenyCode::InvalidRequest,
         DenyCode::MissingModel,
         DenyCode::InvalidMessages,
         DenyCode::ModelNotAllowed,
         DenyCode::UnknownModel,
+        DenyCode::ToolNotAllowed,
+        DenyCode::MaxTokensExceeded,
+        DenyCode::TooManyMessages,
+        DenyCode::BlockedPhrase,
+        DenyCode::RateLimited,
+        DenyCode::TooManyInFlight,
+        DenyCode::PolicyUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -42,13 +63,26 @@ impl DenyCode {
             DenyCode::MissingKey => "missing_key",
             DenyCode::UnknownKey => "unknown_key",
             DenyCode::PathNotAllowed => "path_not_allowed",
+            DenyCode::MissingHeader => "missing_header",
             DenyCode::BodyTooLarge => "body_too_large",
             DenyCode::InvalidJson => "invalid_json",
+            DenyCode::InvalidRequest => "invalid_request",
             DenyCode::MissingModel => "missing_model",
             DenyCode::InvalidMessages => "invalid_messages",
             DenyCode::ModelNotAllowed => "model_not_allowed",
             DenyCode::UnknownModel => "unknown_model",
+            DenyCode::ToolNotAllowed => "tool_not_allowed",
+            DenyCode::MaxTokensExceeded => "max_tokens_exceeded",
+            DenyCode::TooManyMessages => "too_many_messages",
+            DenyCode::BlockedPhrase => "blocked_phrase",
+            DenyCode::RateLimited => "rate_limited",
+            DenyCode::TooManyInFlight => "too_many_in_flight",
+            DenyCode::PolicyUnavailable => "policy_unavailable",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<DenyCode> {
+        DenyCode::ALL.into_iter().find(|c| c.as_str() == s)
     }
 
     /// The HTTP status this denial is answered with.
@@ -57,9 +91,20 @@ impl DenyCode {
             DenyCode::NotFound | DenyCode::UnknownModel => 404,
             DenyCode::MethodNotAllowed => 405,
             DenyCode::MissingKey | DenyCode::UnknownKey => 401,
-            DenyCode::PathNotAllowed | DenyCode::ModelNotAllowed => 403,
+            DenyCode::PathNotAllowed
+            | DenyCode::ModelNotAllowed
+            | DenyCode::ToolNotAllowed
+            | DenyCode::BlockedPhrase => 403,
             DenyCode::BodyTooLarge => 413,
-            DenyCode::InvalidJson | DenyCode::MissingModel | DenyCode::InvalidMessages => 400,
+            DenyCode::MissingHeader
+            | DenyCode::InvalidJson
+            | DenyCode::InvalidRequest
+            | DenyCode::MissingModel
+            | DenyCode::InvalidMessages
+            | DenyCode::MaxTokensExceeded
+            | DenyCode::TooManyMessages => 400,
+            DenyCode::RateLimited | DenyCode::TooManyInFlight => 429,
+            DenyCode::PolicyUnavailable => 503,
         }
     }
 
@@ -67,20 +112,49 @@ impl DenyCode {
     pub fn error_type(self) -> &'static str {
         match self {
             DenyCode::MissingKey | DenyCode::UnknownKey => "authentication_error",
-            DenyCode::PathNotAllowed | DenyCode::ModelNotAllowed => "permission_error",
+            DenyCode::PathNotAllowed
+            | DenyCode::ModelNotAllowed
+            | DenyCode::ToolNotAllowed
+            | DenyCode::BlockedPhrase => "permission_error",
             DenyCode::NotFound | DenyCode::UnknownModel => "not_found_error",
+            DenyCode::RateLimited | DenyCode::TooManyInFlight => "rate_limit_error",
+            DenyCode::PolicyUnavailable => "gateway_error",
             DenyCode::MethodNotAllowed
+            | DenyCode::MissingHeader
             | DenyCode::BodyTooLarge
             | DenyCode::InvalidJson
+            | DenyCode::InvalidRequest
             | DenyCode::MissingModel
-            | DenyCode::InvalidMessages => "invalid_request_error",
+            | DenyCode::InvalidMessages
+            | DenyCode::MaxTokensExceeded
+            | DenyCode::TooManyMessages => "invalid_request_error",
         }
     }
 
-    /// None of the admission denials can succeed by sending the same request
-    /// again; limits that can (rate limits, budgets) will say so.
+    /// Whether the same request can succeed later. Only limits and the
+    /// gateway's own unavailability pass; the rest needs a different request.
     pub fn retryable(self) -> bool {
-        false
+        matches!(
+            self,
+            DenyCode::RateLimited | DenyCode::TooManyInFlight | DenyCode::PolicyUnavailable
+        )
+    }
+
+    /// Whether an operator may put this rule in dry-run. Identity and body
+    /// shape never are: without them the request cannot be routed at all.
+    pub fn dry_runnable(self) -> bool {
+        matches!(
+            self,
+            DenyCode::PathNotAllowed
+                | DenyCode::MissingHeader
+                | DenyCode::ModelNotAllowed
+                | DenyCode::ToolNotAllowed
+                | DenyCode::MaxTokensExceeded
+                | DenyCode::TooManyMessages
+                | DenyCode::BlockedPhrase
+                | DenyCode::RateLimited
+                | DenyCode::TooManyInFlight
+        )
     }
 }
 
@@ -91,11 +165,14 @@ impl fmt::Display for DenyCode {
 }
 
 /// A refusal with a human-readable reason. The message never contains a
-/// secret: at most a model name, a path or a field name the agent sent.
+/// secret: at most a model, tool or header name, or a path the agent sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deny {
     pub code: DenyCode,
     pub message: String,
+    pub retryable: bool,
+    /// When a retry can succeed (sent as `Retry-After`, whole seconds).
+    pub retry_after: Option<Duration>,
 }
 
 impl Deny {
@@ -103,7 +180,27 @@ impl Deny {
         Deny {
             code,
             message: message.into(),
+            retryable: code.retryable(),
+            retry_after: None,
         }
+    }
+
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// For a limit the request can never fit (e.g. more tokens than the limit).
+    pub fn never_retryable(mut self) -> Self {
+        self.retryable = false;
+        self
+    }
+
+    /// `Retry-After` in whole seconds, rounded up so that a client waiting
+    /// that long is never early.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after
+            .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
     }
 }
 
@@ -112,11 +209,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn codes_are_unique_and_statuses_are_client_errors() {
+    fn codes_are_unique_parse_back_and_statuses_are_errors() {
         let mut seen = std::collections::HashSet::new();
         for code in DenyCode::ALL {
             assert!(seen.insert(code.as_str()), "duplicate code {code}");
-            assert!((400..500).contains(&code.status()), "{code}");
+            assert_eq!(DenyCode::parse(code.as_str()), Some(code));
+            assert!((400..600).contains(&code.status()), "{code}");
         }
+        assert_eq!(DenyCode::parse("nope"), None);
+    }
+
+    #[test]
+    fn retry_after_rounds_up() {
+        let d = Deny::new(DenyCode::RateLimited, "x").retry_after(Duration::from_millis(1001));
+        assert_eq!(d.retry_after_secs(), Some(2));
+        let d = Deny::new(DenyCode::RateLimited, "x").retry_after(Duration::from_secs(3));
+        assert_eq!(d.retry_after_secs(), Some(3));
+        assert!(d.retryable);
+        assert!(!d.never_retryable().retryable);
     }
 }

@@ -5,22 +5,47 @@
 //! unit-testable with plain values. The gateway is the thin adapter that
 //! extracts facts from a request and renders denials.
 //!
-//! Evaluation order (cheap rejections cost least):
+//! Evaluation order, written down once (cheap rejections cost least; the
+//! first enforced denial ends the evaluation):
 //! 1. endpoint and method (`not_found`, `method_not_allowed`),
 //! 2. agent identity (`missing_key`, `unknown_key`),
-//! 3. path allowlist (`path_not_allowed`),
-//! 4. body size from `Content-Length`, then while reading (`body_too_large`),
-//! 5. body shape (`invalid_json`, `missing_model`, `invalid_messages`),
-//! 6. model allowlist (`model_not_allowed`), then routing (`unknown_model`).
+//! 3. cheap header checks: path allowlist (`path_not_allowed`), required
+//!    headers (`missing_header`),
+//! 4. body size, from `Content-Length` before reading, then while reading
+//!    (`body_too_large`),
+//! 5. body shape (`invalid_json`, `invalid_request`, `missing_model`,
+//!    `invalid_messages`),
+//! 6. body rules: model (`model_not_allowed`), tools (`tool_not_allowed`),
+//!    `max_tokens` (`max_tokens_exceeded`), message count
+//!    (`too_many_messages`), blocked phrases (`blocked_phrase`),
+//! 7. routing (`unknown_model`),
+//! 8. limits, all in one atomic store call: requests and tokens per minute
+//!    (`rate_limited`), in-flight requests (`too_many_in_flight`).
+//!
+//! Any failure while evaluating (a failed store, a poisoned lock) denies
+//! with `policy_unavailable`; nothing is ever allowed by error. Rules of
+//! steps 3, 6 and 8 can run in dry-run (see [`rules::Mode`]).
 
 pub mod body;
+pub mod clock;
 pub mod decision;
 pub mod endpoint;
 pub mod keys;
 pub mod pattern;
+pub mod phrases;
+pub mod rules;
+pub mod store;
+pub mod usage;
 
 pub use body::{inspect_body, BodyFacts};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Deny, DenyCode};
 pub use endpoint::Endpoint;
 pub use keys::{hash_key, KeyDigest, KeyIndex};
 pub use pattern::{NamePattern, PatternList};
+pub use phrases::PhraseMatcher;
+pub use rules::{AgentRules, Limits, Mode, Verdict};
+pub use store::{
+    AdmitOutcome, Lease, MemoryStore, Refusal, SlotTake, StateStore, StoreError, WindowTake,
+};
+pub use usage::{Usage, UsageScanner};

@@ -5,7 +5,10 @@ use super::spec::{self, ConfigSpec, ProviderKind};
 use super::{ConfigError, ConfigErrors};
 use crate::secret::Secret;
 use arc_swap::ArcSwapOption;
-use loopgate_policy::{Endpoint, KeyDigest, KeyIndex, NamePattern, PatternList};
+use loopgate_policy::{
+    AgentRules, DenyCode, Endpoint, KeyDigest, KeyIndex, Limits, Mode, NamePattern, PatternList,
+    PhraseMatcher,
+};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +29,7 @@ pub struct Config {
     pub admin_listen: Option<SocketAddr>,
     pub providers: Vec<Arc<Provider>>,
     pub routes: Routes,
-    pub agents: Vec<Agent>,
+    pub agents: Vec<Arc<AgentRules>>,
     pub keys: KeyIndex<usize>,
     pub max_body_bytes: u64,
 }
@@ -138,21 +141,6 @@ impl Routes {
         v.extend(self.prefixes.iter().map(|(p, _)| format!("{p}*")));
         v.sort();
         v.into_iter()
-    }
-}
-
-#[derive(Debug)]
-pub struct Agent {
-    pub name: Arc<str>,
-    pub models: PatternList,
-    /// `None`: every served endpoint.
-    pub paths: Option<HashSet<Endpoint>>,
-    pub max_body_bytes: u64,
-}
-
-impl Agent {
-    pub fn may_call(&self, endpoint: Endpoint) -> bool {
-        self.paths.as_ref().is_none_or(|p| p.contains(&endpoint))
     }
 }
 
@@ -278,6 +266,34 @@ pub fn build(
         .prefixes
         .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
 
+    let global_phrases = match &spec.policy.blocked_phrases {
+        Some(p) if !p.is_empty() => compile_phrases(&mut errs, "policy.blocked_phrases", p),
+        _ => None,
+    };
+    let global_dry_run = parse_dry_run(&mut errs, "policy.dry_run", spec.policy.dry_run.as_deref());
+    let global_headers = parse_headers(
+        &mut errs,
+        "policy.required_headers",
+        spec.policy.required_headers.as_deref(),
+    );
+    check_positive(&mut errs, "policy.max_tokens", spec.policy.max_tokens);
+    check_positive(
+        &mut errs,
+        "policy.max_messages",
+        spec.policy.max_messages.map(|n| n as u64),
+    );
+    check_positive(
+        &mut errs,
+        "policy.requests_per_minute",
+        spec.policy.requests_per_minute,
+    );
+    check_positive(
+        &mut errs,
+        "policy.tokens_per_minute",
+        spec.policy.tokens_per_minute,
+    );
+    check_positive(&mut errs, "policy.max_in_flight", spec.policy.max_in_flight);
+
     let mut agents = Vec::new();
     let mut keys = KeyIndex::default();
     let mut key_owner: HashMap<String, String> = HashMap::new();
@@ -304,10 +320,11 @@ pub fn build(
                 "at least one model is required (use \"*\" to allow every routed model)",
             );
         }
-        let models = PatternList::parse(&a.models).unwrap_or_else(|(j, why)| {
-            errs.push(format!("{at}.models[{j}]"), why);
-            PatternList::default()
-        });
+        let models = patterns(&mut errs, &format!("{at}.models"), &a.models);
+        let tools = a
+            .tools
+            .as_ref()
+            .map(|t| patterns(&mut errs, &format!("{at}.tools"), t));
         let paths = a.paths.as_ref().map(|paths| {
             if paths.is_empty() {
                 errs.push(
@@ -336,15 +353,53 @@ pub fn build(
         if a.max_body_bytes.is_some() {
             check_body_limit(&mut errs, &format!("{at}.max_body_bytes"), max_body);
         }
+        for (field, v) in [
+            ("max_tokens", a.max_tokens),
+            ("max_messages", a.max_messages.map(|n| n as u64)),
+            ("requests_per_minute", a.requests_per_minute),
+            ("tokens_per_minute", a.tokens_per_minute),
+            ("max_in_flight", a.max_in_flight),
+        ] {
+            check_positive(&mut errs, &format!("{at}.{field}"), v);
+        }
+        let phrases = match &a.blocked_phrases {
+            None => global_phrases.clone(),
+            Some(p) if p.is_empty() => None,
+            Some(p) => compile_phrases(&mut errs, &format!("{at}.blocked_phrases"), p),
+        };
+        let dry_run = match &a.dry_run {
+            None => global_dry_run.clone(),
+            Some(d) => parse_dry_run(&mut errs, &format!("{at}.dry_run"), Some(d)),
+        };
+        let required_headers = match &a.required_headers {
+            None => global_headers.clone(),
+            Some(h) => parse_headers(&mut errs, &format!("{at}.required_headers"), Some(h)),
+        };
+        let mode = match a.mode.or(spec.policy.mode) {
+            Some(spec::ModeSpec::DryRun) => Mode::DryRun,
+            Some(spec::ModeSpec::Enforce) | None => Mode::Enforce,
+        };
         if let Some(d) = digest {
             keys.insert(d, agents.len());
         }
-        agents.push(Agent {
+        agents.push(Arc::new(AgentRules {
             name: Arc::from(name.as_str()),
             models,
             paths,
+            tools,
+            required_headers,
             max_body_bytes: max_body,
-        });
+            max_tokens: a.max_tokens.or(spec.policy.max_tokens),
+            max_messages: a.max_messages.or(spec.policy.max_messages),
+            phrases,
+            limits: Limits {
+                requests_per_minute: a.requests_per_minute.or(spec.policy.requests_per_minute),
+                tokens_per_minute: a.tokens_per_minute.or(spec.policy.tokens_per_minute),
+                max_in_flight: a.max_in_flight.or(spec.policy.max_in_flight),
+            },
+            mode,
+            dry_run,
+        }));
     }
 
     if !errs.list.is_empty() {
@@ -384,6 +439,67 @@ fn parse_addr(errs: &mut Errs, path: &str, s: &str) -> Option<SocketAddr> {
             None
         }
     }
+}
+
+fn patterns(errs: &mut Errs, path: &str, items: &[String]) -> PatternList {
+    PatternList::parse(items).unwrap_or_else(|(j, why)| {
+        errs.push(format!("{path}[{j}]"), why);
+        PatternList::default()
+    })
+}
+
+fn check_positive(errs: &mut Errs, path: &str, v: Option<u64>) {
+    if v == Some(0) {
+        errs.push(path, "must be at least 1 (omit it for no limit)");
+    }
+}
+
+fn compile_phrases(errs: &mut Errs, path: &str, phrases: &[String]) -> Option<Arc<PhraseMatcher>> {
+    match PhraseMatcher::new(phrases) {
+        Ok(m) => Some(Arc::new(m)),
+        Err(why) => {
+            errs.push(path, why);
+            None
+        }
+    }
+}
+
+fn parse_dry_run(errs: &mut Errs, path: &str, codes: Option<&[String]>) -> HashSet<DenyCode> {
+    let mut set = HashSet::new();
+    for (j, c) in codes.unwrap_or_default().iter().enumerate() {
+        match DenyCode::parse(c).filter(|c| c.dry_runnable()) {
+            Some(code) => {
+                set.insert(code);
+            }
+            None => errs.push(
+                format!("{path}[{j}]"),
+                format!(
+                    "`{c}` is not a rule that can run in dry-run (one of: {})",
+                    list(
+                        DenyCode::ALL
+                            .iter()
+                            .filter(|c| c.dry_runnable())
+                            .map(|c| c.as_str())
+                    )
+                ),
+            ),
+        }
+    }
+    set
+}
+
+fn parse_headers(errs: &mut Errs, path: &str, headers: Option<&[String]>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (j, h) in headers.unwrap_or_default().iter().enumerate() {
+        match http::HeaderName::from_bytes(h.as_bytes()) {
+            Ok(name) => out.push(name.as_str().to_string()),
+            Err(_) => errs.push(
+                format!("{path}[{j}]"),
+                format!("`{h}` is not a valid header name"),
+            ),
+        }
+    }
+    out
 }
 
 fn check_body_limit(errs: &mut Errs, path: &str, v: u64) {

@@ -92,6 +92,13 @@ pub struct TargetSpec {
     pub weight: Option<u32>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModeSpec {
+    Enforce,
+    DryRun,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSpec {
@@ -102,15 +109,67 @@ pub struct AgentSpec {
     /// Endpoint paths the agent may call. Default: every served endpoint.
     #[serde(default)]
     pub paths: Option<Vec<String>>,
-    /// Overrides `policy.max_body_bytes` for this agent.
+    /// Tool names the agent may declare in `tools` (exact or `prefix*`).
+    /// Default: any.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
+    // The rest override the same fields of `policy:` for this agent.
+    #[serde(default)]
+    pub mode: Option<ModeSpec>,
+    #[serde(default)]
+    pub dry_run: Option<Vec<String>>,
     #[serde(default)]
     pub max_body_bytes: Option<u64>,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub max_messages: Option<usize>,
+    #[serde(default)]
+    pub required_headers: Option<Vec<String>>,
+    #[serde(default)]
+    pub blocked_phrases: Option<Vec<String>>,
+    #[serde(default)]
+    pub requests_per_minute: Option<u64>,
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
+    #[serde(default)]
+    pub max_in_flight: Option<u64>,
 }
 
+/// Global rule defaults; every field can be overridden per agent.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicySpec {
+    /// `enforce` (default) or `dry_run`: every rule only reports.
+    #[serde(default)]
+    pub mode: Option<ModeSpec>,
+    /// Rules that only report while the rest enforce, by denial code
+    /// (e.g. `[blocked_phrase, rate_limited]`).
+    #[serde(default)]
+    pub dry_run: Option<Vec<String>>,
     /// Largest request body accepted, in bytes. Default 1 MiB.
     #[serde(default)]
     pub max_body_bytes: Option<u64>,
+    /// Largest `max_tokens` (or `max_completion_tokens`, `max_output_tokens`).
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Largest number of `messages`.
+    #[serde(default)]
+    pub max_messages: Option<usize>,
+    /// Headers every request must carry (e.g. `x-agent-task-id`).
+    #[serde(default)]
+    pub required_headers: Option<Vec<String>>,
+    /// Phrases refused anywhere in message text, case-insensitively.
+    #[serde(default)]
+    pub blocked_phrases: Option<Vec<String>>,
+    /// Per agent, over a sliding minute.
+    #[serde(default)]
+    pub requests_per_minute: Option<u64>,
+    /// Per agent, over a sliding minute: the prompt estimate up front,
+    /// corrected by the usage the provider reports.
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
+    /// Per agent: requests in flight at once, streams included.
+    #[serde(default)]
+    pub max_in_flight: Option<u64>,
 }

@@ -7,7 +7,7 @@ use super::ctx::Admission;
 use crate::config::Config;
 use crate::error::GatewayError;
 use bytes::{Bytes, BytesMut};
-use loopgate_policy::{inspect_body, Deny, DenyCode, Endpoint};
+use loopgate_policy::{inspect_body, Clock, Deny, DenyCode, Endpoint, Lease, StateStore, Verdict};
 use pingora_proxy::Session;
 use std::sync::Arc;
 
@@ -16,10 +16,11 @@ pub const AGENT_KEY_HEADERS: [&str; 3] = ["authorization", "x-api-key", "x-agent
 
 /// What admission decided for a request that passed it.
 pub enum Admitted {
-    /// Forward upstream with this body (already read in full).
-    Forward(Arc<Admission>, Bytes),
+    /// Forward upstream with this body (already read in full), holding
+    /// this lease on the agent's limits until the exchange ends.
+    Forward(Arc<Admission>, Bytes, Lease),
     /// `GET /v1/models`: answered by the gateway for this agent.
-    ListModels(usize),
+    ListModels(usize, Verdict),
 }
 
 /// The endpoint a request addresses, or the denial for an unknown one.
@@ -163,39 +164,33 @@ pub async fn linger(session: &mut Session) {
     let _ = tokio::time::timeout(LINGER_TIME, drain).await;
 }
 
-/// Judges an authenticated request; on success returns what to forward.
+/// Judges an authenticated request in the documented order (see the
+/// `policy` crate); on success returns what to forward.
 pub async fn admit(
     session: &mut Session,
     cfg: &Config,
+    state: &AdmitState<'_>,
     agent_idx: usize,
     endpoint: Endpoint,
     request_id: &str,
     linger: &mut bool,
 ) -> Result<Admitted, GatewayError> {
-    let agent = &cfg.agents[agent_idx];
-    if !agent.may_call(endpoint) {
-        return Err(Deny::new(
-            DenyCode::PathNotAllowed,
-            format!("agent `{}` may not call {}", agent.name, endpoint.path()),
-        )
-        .into());
+    let rules = &cfg.agents[agent_idx];
+    let mut verdict = Verdict::default();
+    {
+        let headers = &session.req_header().headers;
+        rules.check_head(
+            endpoint,
+            |h| headers.get(h).map(|v| v.as_bytes()),
+            &mut verdict,
+        )?;
     }
     if !endpoint.has_body() {
-        return Ok(Admitted::ListModels(agent_idx));
+        return Ok(Admitted::ListModels(agent_idx, verdict));
     }
-    let body = read_body(session, agent.max_body_bytes, linger).await?;
-    let facts = inspect_body(endpoint, &body)?;
-    if !agent.models.allows(&facts.model) {
-        return Err(Deny::new(
-            DenyCode::ModelNotAllowed,
-            format!(
-                "agent `{}` may not use model `{}`",
-                agent.name,
-                truncate(&facts.model, 200)
-            ),
-        )
-        .into());
-    }
+    let body = read_body(session, rules.max_body_bytes, linger).await?;
+    let facts = inspect_body(endpoint, &body, rules.phrases.as_deref())?;
+    rules.check_body(&facts, &mut verdict)?;
     let route = cfg.routes.find(&facts.model).ok_or_else(|| {
         Deny::new(
             DenyCode::UnknownModel,
@@ -206,18 +201,35 @@ pub async fn admit(
     if !target.provider.serves(endpoint) {
         return Err(GatewayError::UnsupportedEndpoint { model: facts.model });
     }
+    // Limits last: only a request that passed every rule uses up capacity.
+    let lease = rules
+        .admit_limits(
+            state.store,
+            state.clock.now(),
+            facts.estimated_prompt_tokens(),
+            &mut verdict,
+        )
+        .await?;
     Ok(Admitted::Forward(
         Arc::new(Admission {
             request_id: request_id.to_string(),
-            agent: agent.name.clone(),
+            agent: rules.name.clone(),
             endpoint,
             model: facts.model,
             provider: target.provider.clone(),
             stream: facts.stream,
             body_len: body.len(),
+            would_deny: verdict.would_deny.map(|d| d.code),
         }),
         body,
+        lease,
     ))
+}
+
+/// The shared state admission consults besides the config snapshot.
+pub struct AdmitState<'a> {
+    pub store: &'a dyn StateStore,
+    pub clock: &'a dyn Clock,
 }
 
 /// Cuts agent-controlled text echoed in messages to a bounded length.

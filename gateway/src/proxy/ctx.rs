@@ -3,7 +3,7 @@
 
 use crate::config::Provider;
 use crate::error::GatewayError;
-use loopgate_policy::Endpoint;
+use loopgate_policy::{DenyCode, Endpoint, Lease, Usage, UsageScanner};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,6 +18,8 @@ pub struct Admission {
     pub provider: Arc<Provider>,
     pub stream: bool,
     pub body_len: usize,
+    /// A dry-run rule would have denied this request with this code.
+    pub would_deny: Option<DenyCode>,
 }
 
 /// Per-request state, created by `new_ctx` and filled in by the hooks.
@@ -40,6 +42,13 @@ pub struct RequestCtx {
     pub error_code: Option<&'static str>,
     pub upstream_status: Option<u16>,
     pub upstream_started: Option<Instant>,
+    /// What this request holds on its agent's limits; returned in `logging`.
+    pub lease: Option<Lease>,
+    /// Reads the provider's reported usage from the response as it passes.
+    pub usage_scanner: Option<UsageScanner>,
+    pub usage: Option<Usage>,
+    /// The agent's token window, when it has one and this request took from it.
+    pub tpm_key: Option<String>,
 }
 
 impl RequestCtx {
@@ -56,6 +65,10 @@ impl RequestCtx {
             error_code: None,
             upstream_status: None,
             upstream_started: None,
+            lease: None,
+            usage_scanner: None,
+            usage: None,
+            tpm_key: None,
         }
     }
 }

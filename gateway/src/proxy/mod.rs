@@ -28,12 +28,15 @@ pub use ctx::{Admission, RequestCtx};
 
 use crate::config::{Config, ProviderKind};
 use crate::error::GatewayError;
+use crate::metrics::Metrics;
 use admit::Admitted;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
 use ids::RequestIds;
+use loopgate_policy::{Clock, StateStore, UsageScanner};
 use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::protocols::http::HttpTask;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType};
 use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
@@ -49,13 +52,25 @@ const RETRY_BUFFER_LIMIT: usize = 64 * 1024;
 pub struct Gateway {
     config: Arc<ArcSwap<Config>>,
     ids: RequestIds,
+    /// Limit state; outlives config reloads, so counters survive them.
+    store: Arc<dyn StateStore>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
 }
 
 impl Gateway {
-    pub fn new(config: Arc<ArcSwap<Config>>) -> Self {
+    pub fn new(
+        config: Arc<ArcSwap<Config>>,
+        store: Arc<dyn StateStore>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Gateway {
             config,
             ids: RequestIds::default(),
+            store,
+            clock,
+            metrics,
         }
     }
 
@@ -68,23 +83,41 @@ impl Gateway {
         let endpoint = admit::endpoint_of(session)?;
         let agent_idx = admit::authenticate(session, &cfg)?;
         ctx.agent = Some(cfg.agents[agent_idx].name.clone());
-        match admit::admit(
+        let state = admit::AdmitState {
+            store: self.store.as_ref(),
+            clock: self.clock.as_ref(),
+        };
+        let admitted = admit::admit(
             session,
             &cfg,
+            &state,
             agent_idx,
             endpoint,
             &ctx.request_id,
             &mut ctx.linger,
         )
-        .await?
-        {
-            Admitted::ListModels(agent_idx) => {
-                respond::write_models(session, ctx, &cfg, agent_idx)
+        .await?;
+        match admitted {
+            Admitted::ListModels(agent_idx, verdict) => {
+                let would_deny = verdict.would_deny.map(|d| d.code);
+                if let Some(code) = would_deny {
+                    self.metrics.would_deny(code);
+                }
+                respond::write_models(session, ctx, &cfg, agent_idx, would_deny)
                     .await
                     .map_err(|e| GatewayError::Internal(format!("cannot write model list: {e}")))?;
                 Ok(true)
             }
-            Admitted::Forward(admission, body) => {
+            Admitted::Forward(admission, body, lease) => {
+                if let Some(code) = admission.would_deny {
+                    self.metrics.would_deny(code);
+                }
+                let rules = &cfg.agents[agent_idx];
+                if rules.limits.tokens_per_minute.is_some() && lease.holds_window(&rules.tpm_key())
+                {
+                    ctx.tpm_key = Some(rules.tpm_key());
+                }
+                ctx.lease = Some(lease);
                 ctx.admitted = Some(admission.clone());
                 if body.len() <= RETRY_BUFFER_LIMIT
                     && !session.downstream_session.retry_buffer_truncated()
@@ -116,14 +149,34 @@ impl Gateway {
             .build();
         let (prepared, handle) = spawner.create_subrequest(session.as_downstream(), sub_ctx);
         ctx.forwarded_by_subrequest = true;
+        // The main request's body filters do not see piped tasks; read the
+        // usage here instead, without altering what is forwarded.
+        let mut scanner: Option<UsageScanner> = None;
+        let wants_usage = ctx.tpm_key.is_some();
         let piped = pipe_subrequest(
             session,
             prepared,
             handle,
-            |task| Ok(Some(task)),
+            |task| {
+                if wants_usage {
+                    match &task {
+                        HttpTask::Header(resp, _) => {
+                            scanner = Some(UsageScanner::for_content_type(content_type(resp)));
+                        }
+                        HttpTask::Body(Some(bytes), _) => {
+                            if let Some(s) = scanner.as_mut() {
+                                s.feed(bytes);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Ok(Some(task))
+            },
             InputBodyType::Preset(InputBody::Bytes(vec![body])),
         )
         .await;
+        ctx.usage = scanner.as_mut().and_then(UsageScanner::finish);
         match piped {
             Ok(mut state) => {
                 if let Some(join) = state.join_handle.take() {
@@ -153,6 +206,12 @@ fn admission_provider(ctx: &RequestCtx) -> String {
     ctx.admitted
         .as_ref()
         .map_or_else(|| "?".to_string(), |a| a.provider.name.clone())
+}
+
+fn content_type(resp: &ResponseHeader) -> Option<&str> {
+    resp.headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
 }
 
 /// Maps a Pingora transport error to the error Loopgate answers with.
@@ -239,6 +298,7 @@ impl ProxyHttp for Gateway {
         match self.admit_main(session, ctx).await {
             Ok(answered) => Ok(answered),
             Err(e) => {
+                self.metrics.denied(e.code());
                 respond::write_error(session, ctx, &e).await;
                 if ctx.linger {
                     admit::linger(session).await;
@@ -331,16 +391,31 @@ impl ProxyHttp for Gateway {
         }
         ctx.upstream_status = Some(resp.status.as_u16());
         resp.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
+        if let Some(code) = ctx.admitted.as_ref().and_then(|a| a.would_deny) {
+            resp.insert_header(respond::WOULD_DENY_HEADER, code.as_str())?;
+        }
+        if ctx.tpm_key.is_some() {
+            ctx.usage_scanner = Some(UsageScanner::for_content_type(content_type(resp)));
+        }
         Ok(())
     }
 
     fn upstream_response_body_filter(
         &self,
         _session: &mut Session,
-        _body: &mut Option<Bytes>,
+        body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Option<Duration>> {
+        if let Some(scanner) = ctx.usage_scanner.as_mut() {
+            if let Some(b) = body {
+                scanner.feed(b);
+            }
+            if end_of_stream {
+                ctx.usage = scanner.finish();
+                ctx.usage_scanner = None;
+            }
+        }
         // The per-read timeout bounds stalls; this bounds the whole exchange.
         if let (Some(adm), Some(start)) = (&ctx.admitted, ctx.upstream_started) {
             if !end_of_stream && start.elapsed() > adm.provider.timeouts.total {
@@ -384,6 +459,19 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        // Return what the request held on its limits, exactly once: settle
+        // the token estimate with the reported usage, free the slot.
+        if let Some(lease) = ctx.lease.take() {
+            let now = self.clock.now();
+            if let (Some(key), Some(usage)) = (&ctx.tpm_key, ctx.usage) {
+                if let Err(err) = self.store.settle(now, &lease, key, usage.total()).await {
+                    log::warn!("request {}: {err}", ctx.request_id);
+                }
+            }
+            if let Err(err) = self.store.release(&lease).await {
+                log::warn!("request {}: {err}", ctx.request_id);
+            }
+        }
         // The structured access log arrives with the observability work;
         // until then a debug line per request, never with secrets or prompts.
         let status = session.response_written().map_or(0, |r| r.status.as_u16());

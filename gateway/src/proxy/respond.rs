@@ -9,6 +9,7 @@ use pingora_proxy::Session;
 
 pub const ERROR_HEADER: &str = "x-loopgate-error";
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub const WOULD_DENY_HEADER: &str = "x-loopgate-would-deny";
 
 /// Writes `e` as Loopgate's JSON error. Returns the status written, or 0 when
 /// nothing could be written (a response had already started, or the client
@@ -20,6 +21,9 @@ pub async fn write_error(session: &mut Session, ctx: &mut RequestCtx, e: &Gatewa
     }
     let status = e.status();
     let mut extra: Vec<(&'static str, String)> = vec![(ERROR_HEADER, e.code().to_string())];
+    if let Some(secs) = e.retry_after_secs() {
+        extra.push(("retry-after", secs.to_string()));
+    }
     if let Some(code) = e.deny_code() {
         if code == loopgate_policy::DenyCode::MethodNotAllowed {
             if let Some(ep) = loopgate_policy::Endpoint::from_path(session.req_header().uri.path())
@@ -75,6 +79,7 @@ pub async fn write_models(
     ctx: &mut RequestCtx,
     cfg: &Config,
     agent_idx: usize,
+    would_deny: Option<loopgate_policy::DenyCode>,
 ) -> pingora::Result<()> {
     let agent = &cfg.agents[agent_idx];
     // Prefix routes cannot be enumerated; list the exact names only.
@@ -104,12 +109,16 @@ pub async fn write_models(
             })).collect::<Vec<_>>(),
         })
     };
+    let extra: Vec<(&'static str, String)> = would_deny
+        .map(|c| (WOULD_DENY_HEADER, c.as_str().to_string()))
+        .into_iter()
+        .collect();
     write_json(
         session,
         ctx,
         200,
         serde_json::to_vec(&body).unwrap_or_default(),
-        &[],
+        &extra,
     )
     .await
 }

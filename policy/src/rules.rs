@@ -1,0 +1,549 @@
+//! An agent's compiled rules and their evaluation, in the one documented
+//! order (see the crate docs), with enforce and dry-run modes.
+
+use crate::body::BodyFacts;
+use crate::decision::{Deny, DenyCode};
+use crate::endpoint::Endpoint;
+use crate::pattern::PatternList;
+use crate::phrases::PhraseMatcher;
+use crate::store::{AdmitOutcome, Lease, Refusal, SlotTake, StateStore, WindowTake};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `enforce` denies; `dry_run` lets the request through and reports what it
+/// would have denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    #[default]
+    Enforce,
+    DryRun,
+}
+
+/// Per-agent limits; `None` means no limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub requests_per_minute: Option<u64>,
+    pub tokens_per_minute: Option<u64>,
+    pub max_in_flight: Option<u64>,
+}
+
+/// Everything admission checks for one agent (global defaults already
+/// merged with the agent's overrides).
+#[derive(Debug)]
+pub struct AgentRules {
+    pub name: Arc<str>,
+    pub models: PatternList,
+    /// `None`: every served endpoint.
+    pub paths: Option<HashSet<Endpoint>>,
+    /// `None`: any tools.
+    pub tools: Option<PatternList>,
+    /// Lower-case header names that must be present and non-empty.
+    pub required_headers: Vec<String>,
+    pub max_body_bytes: u64,
+    pub max_tokens: Option<u64>,
+    pub max_messages: Option<usize>,
+    pub phrases: Option<Arc<PhraseMatcher>>,
+    pub limits: Limits,
+    pub mode: Mode,
+    /// Rules in dry-run while `mode` is enforce.
+    pub dry_run: HashSet<DenyCode>,
+}
+
+/// What the rules decided for a request they let through.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// The first denial a dry-run rule would have made.
+    pub would_deny: Option<Deny>,
+}
+
+impl Verdict {
+    /// Applies one rule's outcome: a dry-run denial is recorded and the
+    /// evaluation continues; an enforced one ends it.
+    fn judge(&mut self, rules: &AgentRules, outcome: Option<Deny>) -> Result<(), Deny> {
+        match outcome {
+            None => Ok(()),
+            Some(d) if rules.is_dry_run(d.code) => {
+                self.would_deny.get_or_insert(d);
+                Ok(())
+            }
+            Some(d) => Err(d),
+        }
+    }
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+impl AgentRules {
+    /// Rules with nothing but a model allowlist (tests, simple configs).
+    pub fn new(name: &str, models: PatternList, max_body_bytes: u64) -> AgentRules {
+        AgentRules {
+            name: Arc::from(name),
+            models,
+            paths: None,
+            tools: None,
+            required_headers: Vec::new(),
+            max_body_bytes,
+            max_tokens: None,
+            max_messages: None,
+            phrases: None,
+            limits: Limits::default(),
+            mode: Mode::Enforce,
+            dry_run: HashSet::new(),
+        }
+    }
+
+    pub fn is_dry_run(&self, code: DenyCode) -> bool {
+        code.dry_runnable() && (self.mode == Mode::DryRun || self.dry_run.contains(&code))
+    }
+
+    /// Cheap checks on the request head: path, then required headers.
+    pub fn check_head<'h>(
+        &self,
+        endpoint: Endpoint,
+        header: impl Fn(&str) -> Option<&'h [u8]>,
+        verdict: &mut Verdict,
+    ) -> Result<(), Deny> {
+        let path = (!self.paths.as_ref().is_none_or(|p| p.contains(&endpoint))).then(|| {
+            Deny::new(
+                DenyCode::PathNotAllowed,
+                format!("agent `{}` may not call {}", self.name, endpoint.path()),
+            )
+        });
+        verdict.judge(self, path)?;
+        let missing = self
+            .required_headers
+            .iter()
+            .find(|h| header(h).is_none_or(|v| v.trim_ascii().is_empty()))
+            .map(|h| Deny::new(DenyCode::MissingHeader, format!("header `{h}` is required")));
+        verdict.judge(self, missing)
+    }
+
+    /// Body rules: model, tools, max tokens, message count, blocked phrases.
+    pub fn check_body(&self, facts: &BodyFacts, verdict: &mut Verdict) -> Result<(), Deny> {
+        let model = (!self.models.allows(&facts.model)).then(|| {
+            Deny::new(
+                DenyCode::ModelNotAllowed,
+                format!(
+                    "agent `{}` may not use model `{}`",
+                    self.name,
+                    clip(&facts.model)
+                ),
+            )
+        });
+        verdict.judge(self, model)?;
+        if let Some(allowed) = &self.tools {
+            let tool = facts.tools.iter().find(|t| !allowed.allows(t)).map(|t| {
+                Deny::new(
+                    DenyCode::ToolNotAllowed,
+                    format!("agent `{}` may not use tool `{}`", self.name, clip(t)),
+                )
+            });
+            verdict.judge(self, tool)?;
+        }
+        let tokens = match (self.max_tokens, facts.max_tokens) {
+            (Some(max), Some(asked)) if asked > max => Some(Deny::new(
+                DenyCode::MaxTokensExceeded,
+                format!("max_tokens {asked} exceeds this agent's limit of {max}"),
+            )),
+            _ => None,
+        };
+        verdict.judge(self, tokens)?;
+        let messages = match (self.max_messages, facts.messages) {
+            (Some(max), Some(n)) if n > max => Some(Deny::new(
+                DenyCode::TooManyMessages,
+                format!("{n} messages exceed this agent's limit of {max}"),
+            )),
+            _ => None,
+        };
+        verdict.judge(self, messages)?;
+        let phrase = match (&self.phrases, facts.blocked_phrase) {
+            (Some(m), Some(i)) if i < m.len() => Some(Deny::new(
+                DenyCode::BlockedPhrase,
+                format!("the request contains a blocked phrase (`{}`)", m.phrase(i)),
+            )),
+            _ => None,
+        };
+        verdict.judge(self, phrase)
+    }
+
+    /// Step 8: takes every limit that applies in one atomic store call.
+    /// A store failure denies with `policy_unavailable` (fail closed).
+    pub async fn admit_limits(
+        &self,
+        store: &dyn StateStore,
+        now: Duration,
+        estimated_tokens: u64,
+        verdict: &mut Verdict,
+    ) -> Result<Lease, Deny> {
+        let (windows, slots) = self.limit_takes(estimated_tokens);
+        if windows.is_empty() && slots.is_empty() {
+            return Ok(Lease::empty());
+        }
+        match store.admit(now, &windows, &slots).await {
+            Ok(AdmitOutcome::Taken {
+                lease,
+                would_refuse,
+            }) => {
+                if let Some(r) = would_refuse {
+                    verdict
+                        .would_deny
+                        .get_or_insert(self.refusal_deny(&r, &windows, &slots));
+                }
+                Ok(lease)
+            }
+            Ok(AdmitOutcome::Refused(r)) => Err(self.refusal_deny(&r, &windows, &slots)),
+            Err(e) => Err(Deny::new(
+                DenyCode::PolicyUnavailable,
+                format!("limits could not be checked: {}", e.0),
+            )),
+        }
+    }
+
+    /// The limits this request must take from the state store.
+    pub fn limit_takes(&self, estimated_tokens: u64) -> (Vec<WindowTake>, Vec<SlotTake>) {
+        let mut windows = Vec::new();
+        if let Some(limit) = self.limits.requests_per_minute {
+            windows.push(WindowTake {
+                key: self.rpm_key(),
+                limit,
+                window: MINUTE,
+                cost: 1,
+                enforce: !self.is_dry_run(DenyCode::RateLimited),
+            });
+        }
+        if let Some(limit) = self.limits.tokens_per_minute {
+            windows.push(WindowTake {
+                key: self.tpm_key(),
+                limit,
+                window: MINUTE,
+                cost: estimated_tokens,
+                enforce: !self.is_dry_run(DenyCode::RateLimited),
+            });
+        }
+        let slots = self
+            .limits
+            .max_in_flight
+            .map(|limit| SlotTake {
+                key: format!("{}:inflight", self.name),
+                limit,
+                enforce: !self.is_dry_run(DenyCode::TooManyInFlight),
+            })
+            .into_iter()
+            .collect();
+        (windows, slots)
+    }
+
+    pub fn rpm_key(&self) -> String {
+        format!("{}:rpm", self.name)
+    }
+
+    pub fn tpm_key(&self) -> String {
+        format!("{}:tpm", self.name)
+    }
+
+    /// The denial for a store refusal of the takes from [`Self::limit_takes`].
+    pub fn refusal_deny(
+        &self,
+        refusal: &Refusal,
+        windows: &[WindowTake],
+        slots: &[SlotTake],
+    ) -> Deny {
+        match refusal {
+            Refusal::Window { index, retry_after } => {
+                let w = &windows[*index];
+                let what = if w.key == self.tpm_key() {
+                    "tokens"
+                } else {
+                    "requests"
+                };
+                match retry_after {
+                    Some(after) => Deny::new(
+                        DenyCode::RateLimited,
+                        format!(
+                            "agent `{}` is over its limit of {} {what} per minute",
+                            self.name, w.limit
+                        ),
+                    )
+                    .retry_after(*after),
+                    None => Deny::new(
+                        DenyCode::RateLimited,
+                        format!(
+                            "this request needs {} {what}, more than agent `{}`'s limit of {} per minute",
+                            w.cost, self.name, w.limit
+                        ),
+                    )
+                    .never_retryable(),
+                }
+            }
+            Refusal::Slot { index } => Deny::new(
+                DenyCode::TooManyInFlight,
+                format!(
+                    "agent `{}` already has {} requests in flight",
+                    self.name, slots[*index].limit
+                ),
+            )
+            // A slot frees when any request ends; one second is an honest hint.
+            .retry_after(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// Bounds agent-controlled text echoed in a message.
+fn clip(s: &str) -> &str {
+    let mut end = s.len().min(200);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> AgentRules {
+        let mut r = AgentRules::new("a", PatternList::parse(&["gpt-4o"]).unwrap(), 1000);
+        r.tools = Some(PatternList::parse(&["get_*", "search"]).unwrap());
+        r.required_headers = vec!["x-agent-task-id".into()];
+        r.max_tokens = Some(100);
+        r.max_messages = Some(2);
+        r.phrases = Some(Arc::new(PhraseMatcher::new(&["jailbreak"]).unwrap()));
+        r.paths = Some([Endpoint::ChatCompletions].into());
+        r
+    }
+
+    fn facts() -> BodyFacts {
+        BodyFacts {
+            model: "gpt-4o".into(),
+            messages: Some(1),
+            tools: vec!["get_weather".into(), "search".into()],
+            max_tokens: Some(50),
+            ..BodyFacts::default()
+        }
+    }
+
+    fn head(r: &AgentRules, e: Endpoint, task: Option<&'static str>) -> Result<Verdict, Deny> {
+        let mut v = Verdict::default();
+        r.check_head(
+            e,
+            |h| {
+                (h == "x-agent-task-id")
+                    .then_some(task)
+                    .flatten()
+                    .map(str::as_bytes)
+            },
+            &mut v,
+        )?;
+        Ok(v)
+    }
+
+    fn body(r: &AgentRules, f: &BodyFacts) -> Result<Verdict, Deny> {
+        let mut v = Verdict::default();
+        r.check_body(f, &mut v)?;
+        Ok(v)
+    }
+
+    #[test]
+    fn allowed_request_passes_every_rule() {
+        let r = rules();
+        assert_eq!(
+            head(&r, Endpoint::ChatCompletions, Some("t1")).unwrap(),
+            Verdict::default()
+        );
+        assert_eq!(body(&r, &facts()).unwrap(), Verdict::default());
+    }
+
+    #[test]
+    fn each_rule_denies_with_its_code() {
+        let r = rules();
+        assert_eq!(
+            head(&r, Endpoint::Embeddings, Some("t")).unwrap_err().code,
+            DenyCode::PathNotAllowed
+        );
+        assert_eq!(
+            head(&r, Endpoint::ChatCompletions, None).unwrap_err().code,
+            DenyCode::MissingHeader
+        );
+        assert_eq!(
+            head(&r, Endpoint::ChatCompletions, Some("  "))
+                .unwrap_err()
+                .code,
+            DenyCode::MissingHeader
+        );
+        type Change = fn(&mut BodyFacts);
+        let cases: Vec<(Change, DenyCode)> = vec![
+            (
+                |f| f.model = "gpt-4o-2024-05-13".into(),
+                DenyCode::ModelNotAllowed,
+            ),
+            (
+                |f| f.tools.push("delete_everything".into()),
+                DenyCode::ToolNotAllowed,
+            ),
+            (|f| f.max_tokens = Some(101), DenyCode::MaxTokensExceeded),
+            (|f| f.messages = Some(3), DenyCode::TooManyMessages),
+            (|f| f.blocked_phrase = Some(0), DenyCode::BlockedPhrase),
+        ];
+        for (change, code) in cases {
+            let mut f = facts();
+            change(&mut f);
+            let d = body(&r, &f).unwrap_err();
+            assert_eq!(d.code, code);
+            assert!(!d.retryable);
+        }
+    }
+
+    #[test]
+    fn order_is_model_before_tools_before_phrases() {
+        let r = rules();
+        let mut f = facts();
+        f.blocked_phrase = Some(0);
+        f.tools.push("rm".into());
+        assert_eq!(body(&r, &f).unwrap_err().code, DenyCode::ToolNotAllowed);
+        f.model = "other".into();
+        assert_eq!(body(&r, &f).unwrap_err().code, DenyCode::ModelNotAllowed);
+    }
+
+    #[test]
+    fn dry_run_reports_the_first_would_deny_and_lets_through() {
+        let mut r = rules();
+        r.mode = Mode::DryRun;
+        let mut f = facts();
+        f.tools.push("rm".into());
+        f.blocked_phrase = Some(0);
+        let v = body(&r, &f).unwrap();
+        assert_eq!(v.would_deny.unwrap().code, DenyCode::ToolNotAllowed);
+        // Per rule: only phrases in dry-run; tools still enforced.
+        let mut r = rules();
+        r.dry_run.insert(DenyCode::BlockedPhrase);
+        let mut f = facts();
+        f.blocked_phrase = Some(0);
+        assert_eq!(
+            body(&r, &f).unwrap().would_deny.unwrap().code,
+            DenyCode::BlockedPhrase
+        );
+        f.tools.push("rm".into());
+        assert_eq!(body(&r, &f).unwrap_err().code, DenyCode::ToolNotAllowed);
+    }
+
+    #[test]
+    fn limits_produce_takes_with_dry_run_flags() {
+        let mut r = rules();
+        r.limits = Limits {
+            requests_per_minute: Some(10),
+            tokens_per_minute: Some(1000),
+            max_in_flight: Some(2),
+        };
+        r.dry_run.insert(DenyCode::TooManyInFlight);
+        let (w, s) = r.limit_takes(42);
+        assert_eq!(w.len(), 2);
+        assert_eq!((w[0].cost, w[0].enforce), (1, true));
+        assert_eq!((w[1].cost, w[1].key.as_str()), (42, "a:tpm"));
+        assert!(!s[0].enforce);
+        let d = r.refusal_deny(
+            &Refusal::Window {
+                index: 1,
+                retry_after: Some(Duration::from_millis(2500)),
+            },
+            &w,
+            &s,
+        );
+        assert_eq!(
+            (d.code, d.retry_after_secs(), d.retryable),
+            (DenyCode::RateLimited, Some(3), true)
+        );
+        assert!(
+            d.message.contains("1000 tokens per minute"),
+            "{}",
+            d.message
+        );
+        let d = r.refusal_deny(
+            &Refusal::Window {
+                index: 1,
+                retry_after: None,
+            },
+            &w,
+            &s,
+        );
+        assert!(!d.retryable && d.retry_after.is_none());
+        assert_eq!(
+            r.refusal_deny(&Refusal::Slot { index: 0 }, &w, &s).code,
+            DenyCode::TooManyInFlight
+        );
+    }
+
+    #[derive(Debug)]
+    struct BrokenStore;
+
+    #[async_trait::async_trait]
+    impl StateStore for BrokenStore {
+        async fn admit(
+            &self,
+            _: Duration,
+            _: &[WindowTake],
+            _: &[SlotTake],
+        ) -> Result<AdmitOutcome, crate::StoreError> {
+            Err(crate::StoreError("connection refused".into()))
+        }
+        async fn settle(
+            &self,
+            _: Duration,
+            _: &Lease,
+            _: &str,
+            _: u64,
+        ) -> Result<(), crate::StoreError> {
+            Err(crate::StoreError("connection refused".into()))
+        }
+        async fn release(&self, _: &Lease) -> Result<(), crate::StoreError> {
+            Err(crate::StoreError("connection refused".into()))
+        }
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn a_failing_store_denies_with_policy_unavailable_even_in_dry_run() {
+        let mut r = rules();
+        r.limits.requests_per_minute = Some(100);
+        r.mode = Mode::DryRun;
+        let d = block_on(r.admit_limits(&BrokenStore, Duration::ZERO, 1, &mut Verdict::default()))
+            .unwrap_err();
+        assert_eq!(
+            (d.code, d.code.status(), d.retryable),
+            (DenyCode::PolicyUnavailable, 503, true)
+        );
+        // Without limits configured the store is not consulted at all.
+        r.limits = Limits::default();
+        assert!(
+            block_on(r.admit_limits(&BrokenStore, Duration::ZERO, 1, &mut Verdict::default()))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn limits_with_a_real_store_and_a_manual_clock() {
+        use crate::clock::{Clock, ManualClock};
+        let mut r = rules();
+        r.limits.requests_per_minute = Some(2);
+        let store = crate::MemoryStore::new();
+        let clock = ManualClock::default();
+        let mut v = Verdict::default();
+        for _ in 0..2 {
+            block_on(r.admit_limits(&store, clock.now(), 1, &mut v)).unwrap();
+        }
+        clock.advance(Duration::from_secs(20));
+        let d = block_on(r.admit_limits(&store, clock.now(), 1, &mut v)).unwrap_err();
+        assert_eq!(
+            (d.code, d.retry_after_secs()),
+            (DenyCode::RateLimited, Some(40))
+        );
+        clock.advance(Duration::from_secs(40));
+        block_on(r.admit_limits(&store, clock.now(), 1, &mut v)).unwrap();
+    }
+}

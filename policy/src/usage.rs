@@ -1,0 +1,254 @@
+//! Token usage as providers report it, read from response bodies while they
+//! stream past, for settling token limits (and later budgets).
+//!
+//! SSE bodies are split into lines across chunk boundaries; only the
+//! unfinished tail of a chunk is carried, and only `data:` lines that
+//! mention usage are parsed. The stream itself is neither buffered nor
+//! altered. JSON bodies are kept up to a cap and parsed at the end.
+//!
+//! Recognised: OpenAI `usage.{prompt,completion}_tokens` (chat, completions,
+//! embeddings, final stream chunk), Anthropic `message.usage` in
+//! `message_start` and the cumulative `usage` of `message_delta`, and the
+//! Responses API's `response.usage.{input,output}_tokens`.
+
+use serde_json::Value;
+
+/// Tokens a provider reported for one exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    pub fn total(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+/// Longest SSE line or JSON body kept; past it the usage is not learned
+/// (the estimate stands), memory stays bounded.
+const MAX_KEPT: usize = 4 * 1024 * 1024;
+
+#[derive(Debug)]
+enum Mode {
+    Sse,
+    Json,
+    Off,
+}
+
+#[derive(Debug)]
+pub struct UsageScanner {
+    mode: Mode,
+    kept: Vec<u8>,
+    overflow: bool,
+    input: Option<u64>,
+    output: Option<u64>,
+}
+
+impl UsageScanner {
+    /// A scanner for a response with this `Content-Type`.
+    pub fn for_content_type(content_type: Option<&str>) -> UsageScanner {
+        let ct = content_type.unwrap_or("").to_ascii_lowercase();
+        let mode = if ct.starts_with("text/event-stream") {
+            Mode::Sse
+        } else if ct.starts_with("application/json") {
+            Mode::Json
+        } else {
+            Mode::Off
+        };
+        UsageScanner {
+            mode,
+            kept: Vec::new(),
+            overflow: false,
+            input: None,
+            output: None,
+        }
+    }
+
+    pub fn feed(&mut self, chunk: &[u8]) {
+        match self.mode {
+            Mode::Off => {}
+            Mode::Json => {
+                if self.kept.len() + chunk.len() > MAX_KEPT {
+                    self.overflow = true;
+                    self.kept = Vec::new();
+                    self.mode = Mode::Off;
+                } else {
+                    self.kept.extend_from_slice(chunk);
+                }
+            }
+            Mode::Sse => {
+                let mut rest = chunk;
+                while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+                    let (line, tail) = rest.split_at(nl);
+                    rest = &tail[1..];
+                    if self.kept.is_empty() {
+                        self.sse_line(line);
+                    } else if !self.overflow {
+                        let mut whole = std::mem::take(&mut self.kept);
+                        whole.extend_from_slice(line);
+                        self.sse_line(&whole);
+                    } else {
+                        self.kept.clear();
+                        self.overflow = false;
+                    }
+                }
+                if !rest.is_empty() {
+                    if self.kept.len() + rest.len() > MAX_KEPT {
+                        self.overflow = true;
+                        self.kept.clear();
+                    } else if !self.overflow {
+                        self.kept.extend_from_slice(rest);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The usage seen, once the body ended.
+    pub fn finish(&mut self) -> Option<Usage> {
+        if let Mode::Json = self.mode {
+            if let Ok(v) = serde_json::from_slice::<Value>(&self.kept) {
+                self.absorb(&v);
+            }
+            self.kept = Vec::new();
+        }
+        if self.input.is_none() && self.output.is_none() {
+            return None;
+        }
+        Some(Usage {
+            input_tokens: self.input.unwrap_or(0),
+            output_tokens: self.output.unwrap_or(0),
+        })
+    }
+
+    fn sse_line(&mut self, line: &[u8]) {
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        if !contains(data, b"usage") {
+            return;
+        }
+        if let Ok(v) = serde_json::from_slice::<Value>(data.trim_ascii()) {
+            self.absorb(&v);
+        }
+    }
+
+    fn absorb(&mut self, v: &Value) {
+        for u in [&v["usage"], &v["message"]["usage"], &v["response"]["usage"]] {
+            if !u.is_object() {
+                continue;
+            }
+            let n = |a: &str, b: &str| u.get(a).or_else(|| u.get(b)).and_then(Value::as_u64);
+            if let Some(i) = n("prompt_tokens", "input_tokens") {
+                self.input = Some(i);
+            }
+            if let Some(o) = n("completion_tokens", "output_tokens") {
+                self.output = Some(o);
+            }
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan_in_pieces(ct: &str, body: &[u8], piece: usize) -> Option<Usage> {
+        let mut s = UsageScanner::for_content_type(Some(ct));
+        for c in body.chunks(piece.max(1)) {
+            s.feed(c);
+        }
+        s.finish()
+    }
+
+    const OPENAI_SSE: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n\
+        data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7,\"total_tokens\":19}}\n\n\
+        data: [DONE]\n\n";
+
+    const ANTHROPIC_SSE: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n\
+        event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"usage\"}}\n\n\
+        event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n\
+        event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+    #[test]
+    fn openai_stream_usage_at_any_chunking() {
+        for piece in [1, 2, 3, 7, 64, 10_000] {
+            assert_eq!(
+                scan_in_pieces("text/event-stream", OPENAI_SSE.as_bytes(), piece),
+                Some(Usage {
+                    input_tokens: 12,
+                    output_tokens: 7
+                }),
+                "piece {piece}"
+            );
+        }
+    }
+
+    #[test]
+    fn anthropic_stream_usage_is_cumulative() {
+        for piece in [1, 5, 100] {
+            assert_eq!(
+                scan_in_pieces(
+                    "text/event-stream; charset=utf-8",
+                    ANTHROPIC_SSE.as_bytes(),
+                    piece
+                ),
+                Some(Usage {
+                    input_tokens: 25,
+                    output_tokens: 15
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn json_bodies_and_the_responses_api() {
+        let body = br#"{"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#;
+        assert_eq!(
+            scan_in_pieces("application/json", body, 5),
+            Some(Usage {
+                input_tokens: 3,
+                output_tokens: 4
+            })
+        );
+        let body = br#"{"type":"response.completed","response":{"usage":{"input_tokens":9,"output_tokens":2}}}"#;
+        let sse = format!(
+            "event: response.completed\ndata: {}\n\n",
+            std::str::from_utf8(body).unwrap()
+        );
+        assert_eq!(
+            scan_in_pieces("text/event-stream", sse.as_bytes(), 4),
+            Some(Usage {
+                input_tokens: 9,
+                output_tokens: 2
+            })
+        );
+    }
+
+    #[test]
+    fn nothing_learned_from_other_bodies() {
+        assert_eq!(scan_in_pieces("text/plain", b"usage", 1), None);
+        assert_eq!(scan_in_pieces("application/json", b"{\"usage\":", 3), None);
+        assert_eq!(
+            scan_in_pieces("text/event-stream", b"data: {\"usage\": nope}\n\n", 3),
+            None
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics_on_arbitrary_streams(
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..2048),
+            piece in 1usize..64,
+        ) {
+            let _ = scan_in_pieces("text/event-stream", &body, piece);
+            let _ = scan_in_pieces("application/json", &body, piece);
+        }
+    }
+}
