@@ -177,8 +177,12 @@ policy:
 /// A running gateway (`loopgate run`).
 pub struct Gateway {
     pub addr: SocketAddr,
+    /// The admin listener, when the config has `admin: {listen: 127.0.0.1:{ADMIN_PORT}}`.
+    pub admin: SocketAddr,
     pub dir: PathBuf,
-    _proc: Proc,
+    /// The config file the gateway runs (rewrite it to test reloads).
+    pub config_path: PathBuf,
+    proc: Proc,
 }
 
 impl Gateway {
@@ -186,14 +190,19 @@ impl Gateway {
         Gateway::start(&default_config(mock))
     }
 
-    /// Starts the gateway with `yaml`, where `{PORT}` is replaced by a free
-    /// port. Retries on a fresh port if another process took it meanwhile.
+    /// Starts the gateway with `yaml`, where `{PORT}` (and `{ADMIN_PORT}`)
+    /// are replaced by free ports. Retries on fresh ports if another process
+    /// took one meanwhile.
     pub fn start(yaml: &str) -> Gateway {
         let dir = scratch_dir("gw");
         for _ in 0..5 {
             let port = free_port();
+            let admin_port = free_port();
             let path = dir.join("gateway.yaml");
-            std::fs::write(&path, yaml.replace("{PORT}", &port.to_string())).expect("write config");
+            let text = yaml
+                .replace("{PORT}", &port.to_string())
+                .replace("{ADMIN_PORT}", &admin_port.to_string());
+            std::fs::write(&path, text).expect("write config");
             let mut child = Command::new(bin())
                 .args(["run", "--config"])
                 .arg(&path)
@@ -212,8 +221,10 @@ impl Gateway {
                 if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
                     return Gateway {
                         addr,
+                        admin: ([127, 0, 0, 1], admin_port).into(),
                         dir,
-                        _proc: Proc(child),
+                        config_path: path,
+                        proc: Proc(child),
                     };
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -227,6 +238,37 @@ impl Gateway {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.0.id()
+    }
+
+    /// The value of one sample on the admin `/metrics` page, e.g.
+    /// `loopgate_denials_total{code="rate_limited"}`; 0 when absent.
+    pub fn metric(&self, sample: &str) -> f64 {
+        let r = curl(&[&self.admin_url("/metrics")]);
+        assert_eq!(r.status, 200, "metrics: {}", r.text());
+        r.text()
+            .lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+}
+
+/// Polls `f` every 50 ms until it returns true or `secs` pass.
+pub fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
 }
 
 /// A response as curl saw it.

@@ -1,0 +1,87 @@
+//! Criterion: evaluating a typical agent request (parse and judge the body,
+//! head and body rules) with 10 vs 1,000 blocked phrases. The phrase scan
+//! is one aho-corasick automaton, so the two should cost about the same.
+//!
+//! Run: cargo bench -p loopgate-benches --bench policy
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use loopgate_policy::{inspect_body, AgentRules, Endpoint, PatternList, PhraseMatcher, Verdict};
+use std::sync::Arc;
+
+/// A typical chat request: a system prompt, a few turns, two tools (~2 KB).
+fn typical_body() -> Vec<u8> {
+    let turn = "Could you look up the order status for customer 4411 and summarise the last three \
+                support tickets, including any refunds that were issued?";
+    format!(
+        r#"{{"model":"gpt-4o-mini","max_tokens":512,"stream":true,
+        "messages":[
+          {{"role":"system","content":"You are a careful billing assistant. Answer briefly."}},
+          {{"role":"user","content":"{turn}"}},
+          {{"role":"assistant","content":"Sure, let me check the order system first."}},
+          {{"role":"tool","tool_call_id":"call_1","content":"{{\"status\":\"shipped\",\"eta\":\"2026-12-04\"}}"}},
+          {{"role":"user","content":"{turn} Also include the shipping carrier."}}
+        ],
+        "tools":[
+          {{"type":"function","function":{{"name":"get_order","description":"Look up an order","parameters":{{"type":"object","properties":{{"id":{{"type":"string"}}}}}}}}}},
+          {{"type":"function","function":{{"name":"search_tickets","description":"Search tickets","parameters":{{"type":"object"}}}}}}
+        ]}}"#
+    )
+    .into_bytes()
+}
+
+fn phrases(n: usize) -> Vec<String> {
+    let base = [
+        "ignore previous instructions",
+        "developer mode",
+        "jailbreak",
+        "system prompt",
+        "do anything now",
+    ];
+    (0..n)
+        .map(|i| format!("{} {i}", base[i % base.len()]))
+        .collect()
+}
+
+fn rules(n: usize) -> AgentRules {
+    let mut r = AgentRules::new(
+        "bench",
+        PatternList::parse(&["gpt-4o-mini"]).unwrap(),
+        1 << 20,
+    );
+    r.tools = Some(PatternList::parse(&["get_*", "search_tickets"]).unwrap());
+    r.required_headers = vec!["x-agent-task-id".into()];
+    r.max_tokens = Some(4096);
+    r.max_messages = Some(64);
+    r.phrases = Some(Arc::new(PhraseMatcher::new(&phrases(n)).unwrap()));
+    r
+}
+
+fn evaluate(rules: &AgentRules, body: &[u8]) -> Verdict {
+    let mut v = Verdict::default();
+    rules
+        .check_head(
+            Endpoint::ChatCompletions,
+            |_| Some(b"task-1".as_slice()),
+            &mut v,
+        )
+        .unwrap();
+    let facts = inspect_body(Endpoint::ChatCompletions, body, rules.phrases.as_deref()).unwrap();
+    rules.check_body(&facts, &mut v).unwrap();
+    v
+}
+
+fn bench(c: &mut Criterion) {
+    let body = typical_body();
+    let mut g = c.benchmark_group("evaluate_typical_request");
+    for n in [10, 1000] {
+        let r = rules(n);
+        assert!(evaluate(&r, &body).would_deny.is_none());
+        g.bench_function(format!("{n}_phrases"), |b| {
+            b.iter(|| evaluate(&r, black_box(&body)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
