@@ -33,6 +33,8 @@ pub struct RequestCtx {
     pub is_subrequest: bool,
     /// A large body was forwarded through a subrequest; its hooks did the proxying.
     pub forwarded_by_subrequest: bool,
+    /// Large-body subrequest: the judged body (and its content type) to send.
+    pub injected_body: Option<(bytes::Bytes, Option<http::HeaderValue>)>,
     /// Set by a hook that failed for a reason it knows better than the
     /// transport error that follows (e.g. an unresolved provider).
     pub pending_error: Option<GatewayError>,
@@ -60,6 +62,7 @@ impl RequestCtx {
             admitted: None,
             is_subrequest: false,
             forwarded_by_subrequest: false,
+            injected_body: None,
             pending_error: None,
             linger: false,
             error_code: None,

@@ -143,9 +143,21 @@ impl Gateway {
             .subrequest_spawner
             .as_ref()
             .ok_or_else(|| GatewayError::Internal("subrequests are not available".into()))?;
+        // The subrequest starts without a body (Pingora then clears its
+        // framing headers) and `request_body_filter` injects the judged bytes
+        // on every attempt, so fallbacks and retries resend the whole body.
+        let request_type = session
+            .req_header()
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .cloned();
         let sub_ctx = SubrequestCtx::builder()
-            .body_mode(BodyMode::ExpectBody)
-            .user_ctx(Box::new(admission))
+            .body_mode(BodyMode::NoBody)
+            .user_ctx(Box::new(LargeBody {
+                admission,
+                body,
+                content_type: request_type,
+            }))
             .build();
         let (prepared, handle) = spawner.create_subrequest(session.as_downstream(), sub_ctx);
         ctx.forwarded_by_subrequest = true;
@@ -173,7 +185,7 @@ impl Gateway {
                 }
                 Ok(Some(task))
             },
-            InputBodyType::Preset(InputBody::Bytes(vec![body])),
+            InputBodyType::Preset(InputBody::NoBody),
         )
         .await;
         ctx.usage = scanner.as_mut().and_then(UsageScanner::finish);
@@ -200,6 +212,13 @@ impl Gateway {
             }
         }
     }
+}
+
+/// What a main request hands its large-body subrequest.
+struct LargeBody {
+    admission: Arc<Admission>,
+    body: Bytes,
+    content_type: Option<http::HeaderValue>,
 }
 
 fn admission_provider(ctx: &RequestCtx) -> String {
@@ -267,16 +286,15 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<bool> {
         if let Some(sub) = session.subrequest_ctx.as_ref() {
             // A subrequest carrying a large body the main request admitted.
-            let admission = sub
-                .user_ctx()
-                .and_then(|u| u.downcast_ref::<Arc<Admission>>())
-                .cloned();
+            let large = sub.user_ctx().and_then(|u| u.downcast_ref::<LargeBody>());
             ctx.is_subrequest = true;
-            return match admission {
-                Some(a) => {
+            return match large {
+                Some(large) => {
+                    let a = large.admission.clone();
                     ctx.request_id = a.request_id.clone();
                     ctx.agent = Some(a.agent.clone());
                     ctx.admitted = Some(a);
+                    ctx.injected_body = Some((large.body.clone(), large.content_type.clone()));
                     Ok(false)
                 }
                 None => {
@@ -367,6 +385,13 @@ impl ProxyHttp for Gateway {
         if p.kind == ProviderKind::Anthropic && !req.headers.contains_key("anthropic-version") {
             req.insert_header("anthropic-version", p.anthropic_version.as_str())?;
         }
+        if let Some((body, content_type)) = &ctx.injected_body {
+            req.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
+            req.remove_header(&http::header::TRANSFER_ENCODING);
+            if let Some(ct) = content_type {
+                req.insert_header(http::header::CONTENT_TYPE, ct.clone())?;
+            }
+        }
         req.insert_header("host", p.authority.as_str())?;
         req.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
         if !p.base_path.is_empty() {
@@ -377,6 +402,23 @@ impl ProxyHttp for Gateway {
             req.set_uri(uri);
         }
         ctx.upstream_started = Some(Instant::now());
+        Ok(())
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        // Large-body subrequest: it has no body of its own; send the judged
+        // bytes once per attempt (called once, at end of stream, per attempt).
+        if let Some((judged, _)) = &ctx.injected_body {
+            if end_of_stream {
+                *body = Some(judged.clone());
+            }
+        }
         Ok(())
     }
 
