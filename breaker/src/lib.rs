@@ -1,10 +1,19 @@
-//! Loopgate's circuit breakers and agent-loop detection.
+//! Loopgate's circuit breakers and upstream health.
 //!
-//! This crate holds pure state machines with an injected clock: per-upstream
-//! (and per-tenant) closed/open/half-open breakers, and the per-task
-//! fingerprint rings that spot an agent repeating itself. Like `policy`, it
-//! knows nothing of Pingora or sockets; the gateway feeds it outcomes from
-//! its response and logging hooks and asks it for a gate in `upstream_peer`.
+//! Pure state machines: every call takes the current time (`now`, a
+//! monotonic `Duration` from the gateway's injected clock), nothing here
+//! reads a clock, opens a socket or knows Pingora. The gateway asks a
+//! breaker for a [`Ticket`] before contacting an upstream and reports the
+//! [`Outcome`] once per ticket.
 //!
-//! The proxy core does not use it yet: breakers arrive with the resilience
-//! work, loop detection with the agent guards.
+//! Agent-loop detection joins this crate with the agent guards.
+
+pub mod circuit;
+pub mod health;
+pub mod set;
+
+pub use circuit::{
+    Breaker, BreakerConfig, FailureKind, Outcome, Rejected, Snapshot, State, Ticket, Transition,
+};
+pub use health::Health;
+pub use set::BreakerSet;
