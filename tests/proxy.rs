@@ -381,13 +381,19 @@ fn a_stream_the_provider_breaks_mid_way_ends_without_hurting_the_gateway() {
         .output()
         .unwrap();
     let body = String::from_utf8_lossy(&out.stdout);
-    // The three events sent before the break arrived, untouched; the end did not.
-    assert_eq!(body.matches("data: ").count(), 3, "{body}");
+    // The three events sent before the break arrived untouched, then the
+    // gateway ended the stream with an error event instead of a silent cut.
+    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 4, "{body}");
+    assert!(events[..3]
+        .iter()
+        .all(|e| e.contains("chat.completion.chunk")));
+    let err: serde_json::Value =
+        serde_json::from_str(events[3].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(err["error"]["code"], "upstream_error");
+    assert_eq!(err["error"]["retryable"], true);
     assert!(!body.contains("[DONE]"));
-    assert!(
-        !out.status.success(),
-        "curl must see an incomplete response"
-    );
+    assert!(out.status.success(), "the stream is ended properly");
     // The gateway is fine afterwards.
     let r = curl(&[
         &gw.url("/v1/chat/completions"),

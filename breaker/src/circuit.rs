@@ -128,6 +128,22 @@ pub struct Transition {
     pub open_for: Option<Duration>,
 }
 
+impl std::fmt::Display for Transition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} -> {} ({}",
+            self.from.as_str(),
+            self.to.as_str(),
+            self.reason
+        )?;
+        if let Some(d) = self.open_for {
+            write!(f, ", open for {} s", d.as_secs_f64())?;
+        }
+        f.write_str(")")
+    }
+}
+
 /// What an operator sees of a breaker.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {

@@ -22,6 +22,13 @@ pub enum GatewayError {
     UpstreamTimeout(String),
     /// The exchange with the provider failed after connecting.
     UpstreamFailed(String),
+    /// Every target's circuit is open: refused at once, no upstream call.
+    CircuitOpen {
+        provider: String,
+        retry_after: std::time::Duration,
+    },
+    /// Breaker state could not be read: refused (fail closed).
+    BreakerUnavailable,
     /// Something inside the gateway went wrong; the request is refused.
     Internal(String),
 }
@@ -39,6 +46,7 @@ impl GatewayError {
             GatewayError::UnsupportedEndpoint { .. } | GatewayError::BadRequest(_) => 400,
             GatewayError::UpstreamUnreachable(_) | GatewayError::UpstreamFailed(_) => 502,
             GatewayError::UpstreamTimeout(_) => 504,
+            GatewayError::CircuitOpen { .. } | GatewayError::BreakerUnavailable => 503,
             GatewayError::Internal(_) => 500,
         }
     }
@@ -52,6 +60,8 @@ impl GatewayError {
             GatewayError::UpstreamUnreachable(_) => "upstream_unreachable",
             GatewayError::UpstreamTimeout(_) => "upstream_timeout",
             GatewayError::UpstreamFailed(_) => "upstream_error",
+            GatewayError::CircuitOpen { .. } => "circuit_open",
+            GatewayError::BreakerUnavailable => "breaker_unavailable",
             GatewayError::Internal(_) => "internal_error",
         }
     }
@@ -64,8 +74,9 @@ impl GatewayError {
             }
             GatewayError::UpstreamUnreachable(_)
             | GatewayError::UpstreamTimeout(_)
-            | GatewayError::UpstreamFailed(_) => "upstream_error",
-            GatewayError::Internal(_) => "gateway_error",
+            | GatewayError::UpstreamFailed(_)
+            | GatewayError::CircuitOpen { .. } => "upstream_error",
+            GatewayError::BreakerUnavailable | GatewayError::Internal(_) => "gateway_error",
         }
     }
 
@@ -73,6 +84,9 @@ impl GatewayError {
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             GatewayError::Denied(d) => d.retry_after_secs(),
+            GatewayError::CircuitOpen { retry_after, .. } => {
+                Some(retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0))
+            }
             _ => None,
         }
     }
@@ -84,6 +98,8 @@ impl GatewayError {
             GatewayError::UpstreamUnreachable(_)
             | GatewayError::UpstreamTimeout(_)
             | GatewayError::UpstreamFailed(_)
+            | GatewayError::CircuitOpen { .. }
+            | GatewayError::BreakerUnavailable
             | GatewayError::Internal(_) => true,
         }
     }
@@ -101,6 +117,16 @@ impl GatewayError {
             | GatewayError::UpstreamTimeout(m)
             | GatewayError::UpstreamFailed(m)
             | GatewayError::Internal(m) => m.clone(),
+            GatewayError::CircuitOpen {
+                provider,
+                retry_after,
+            } => format!(
+                "the circuit for provider `{provider}` is open; retry in {} s",
+                retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0)
+            ),
+            GatewayError::BreakerUnavailable => {
+                "circuit breaker state is unavailable; refusing to forward".to_string()
+            }
         }
     }
 

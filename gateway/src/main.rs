@@ -8,6 +8,7 @@ mod config;
 mod error;
 mod metrics;
 mod mock;
+mod probe;
 mod proxy;
 mod reload;
 mod secret;

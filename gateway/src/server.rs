@@ -3,10 +3,12 @@
 
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::probe;
 use crate::proxy::Gateway;
 use crate::reload;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use loopgate_breaker::BreakerSet;
 use loopgate_policy::{Clock, MemoryStore, StateStore, SystemClock};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
@@ -32,6 +34,8 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
     reload::spawn(path, config.clone(), metrics.clone());
     let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::default());
+    let breakers = Arc::new(BreakerSet::new());
+    probe::spawn(config.clone(), breakers.clone(), clock.clone());
 
     let conf = ServerConf {
         threads,
@@ -46,7 +50,7 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
 
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(config.clone(), store, clock, metrics.clone()),
+        Gateway::new(config.clone(), store, clock, metrics.clone(), breakers),
         "loopgate proxy",
     );
     proxy.add_tcp(&listen.to_string());

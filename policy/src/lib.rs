@@ -33,6 +33,7 @@ pub mod endpoint;
 pub mod keys;
 pub mod pattern;
 pub mod phrases;
+pub mod rewrite;
 pub mod rules;
 pub mod store;
 pub mod usage;
@@ -44,6 +45,7 @@ pub use endpoint::Endpoint;
 pub use keys::{hash_key, KeyDigest, KeyIndex};
 pub use pattern::{NamePattern, PatternList};
 pub use phrases::PhraseMatcher;
+pub use rewrite::replace_model;
 pub use rules::{AgentRules, Limits, Mode, Verdict};
 pub use store::{
     AdmitOutcome, Lease, MemoryStore, Refusal, SlotTake, StateStore, StoreError, WindowTake,

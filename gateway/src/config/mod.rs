@@ -5,7 +5,7 @@
 pub mod runtime;
 pub mod spec;
 
-pub use runtime::{Config, Provider};
+pub use runtime::Config;
 pub use spec::ProviderKind;
 
 use std::fmt;

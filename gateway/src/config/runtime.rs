@@ -5,13 +5,13 @@ use super::spec::{self, ConfigSpec, ProviderKind};
 use super::{ConfigError, ConfigErrors};
 use crate::secret::Secret;
 use arc_swap::ArcSwapOption;
+use loopgate_breaker::BreakerConfig;
 use loopgate_policy::{
     AgentRules, DenyCode, Endpoint, KeyDigest, KeyIndex, Limits, Mode, NamePattern, PatternList,
     PhraseMatcher,
 };
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +58,10 @@ pub struct Provider {
     /// Resolved address: fixed for IP literals, refreshed in the background
     /// for host names so that no request ever waits on DNS.
     pub addr: ArcSwapOption<SocketAddr>,
+    pub breaker: BreakerConfig,
+    /// One breaker per provider and agent rather than per provider.
+    pub isolate_by_agent: bool,
+    pub probe: Option<Probe>,
 }
 
 impl Provider {
@@ -95,27 +99,25 @@ impl Provider {
 pub struct Target {
     pub provider: Arc<Provider>,
     pub weight: u32,
+    /// Model name sent to this provider instead of the requested one.
+    pub model: Option<String>,
 }
 
 #[derive(Debug)]
 pub struct Route {
+    /// In fallback order.
     pub targets: Vec<Target>,
-    total_weight: u64,
-    next: AtomicU64,
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// No attempt starts after this long.
+    pub max_total: Duration,
 }
 
-impl Route {
-    /// Weighted round robin: exact shares without randomness or locks.
-    pub fn pick(&self) -> &Target {
-        let mut n = self.next.fetch_add(1, Ordering::Relaxed) % self.total_weight;
-        for t in &self.targets {
-            if n < t.weight as u64 {
-                return t;
-            }
-            n -= t.weight as u64;
-        }
-        &self.targets[0]
-    }
+/// The read-only request that tests a half-open breaker.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub method: http::Method,
+    pub path: String,
 }
 
 /// Model name to route: exact names first, then the longest matching prefix.
@@ -213,10 +215,17 @@ pub fn build(
             if weight == 0 {
                 errs.push(format!("{at}.targets[{j}].weight"), "must be at least 1");
             }
+            if t.model
+                .as_deref()
+                .is_some_and(|m| m.is_empty() || m.contains('*'))
+            {
+                errs.push(format!("{at}.targets[{j}].model"), "must be a model name");
+            }
             match providers.get(&t.provider) {
                 Some(p) => targets.push(Target {
                     provider: p.clone(),
                     weight: weight.max(1),
+                    model: t.model.clone(),
                 }),
                 None if spec.providers.contains_key(&t.provider) => {} // error already reported
                 None => errs.push(
@@ -241,10 +250,24 @@ pub fn build(
                 );
             }
         }
+        let retry = r.retry.as_ref();
+        let max_attempts = retry
+            .and_then(|r| r.max_attempts)
+            .unwrap_or(targets.len().max(1) as u32);
+        if max_attempts == 0 || max_attempts > 10 {
+            errs.push(
+                format!("{at}.retry.max_attempts"),
+                "must be between 1 and 10",
+            );
+        }
+        let max_total_ms = retry.and_then(|r| r.max_total_ms).unwrap_or(60_000);
+        if max_total_ms == 0 {
+            errs.push(format!("{at}.retry.max_total_ms"), "must be at least 1");
+        }
         let route = Arc::new(Route {
-            total_weight: targets.iter().map(|t| t.weight as u64).sum::<u64>().max(1),
             targets,
-            next: AtomicU64::new(0),
+            max_attempts: max_attempts.clamp(1, 10),
+            max_total: Duration::from_millis(max_total_ms),
         });
         for (j, m) in r.models.iter().enumerate() {
             let path = format!("{at}.models[{j}]");
@@ -618,6 +641,8 @@ fn build_provider(
         total: ms("total_ms", t.total_ms, 600_000),
     };
 
+    let (breaker, isolate_by_agent, probe) = build_breaker(errs, &at, &p.breaker);
+
     if errs.list.len() != before {
         return None;
     }
@@ -641,7 +666,108 @@ fn build_provider(
             .unwrap_or_else(|| DEFAULT_ANTHROPIC_VERSION.to_string()),
         timeouts,
         addr: ArcSwapOption::new(addr),
+        breaker,
+        isolate_by_agent,
+        probe,
     })
+}
+
+fn build_breaker(
+    errs: &mut Errs,
+    at: &str,
+    b: &spec::BreakerSpec,
+) -> (BreakerConfig, bool, Option<Probe>) {
+    let d = BreakerConfig::default();
+    let mut ms = |field: &str, v: Option<u64>, default: Duration| -> Duration {
+        match v {
+            Some(0) => {
+                errs.push(format!("{at}.breaker.{field}"), "must be at least 1");
+                default
+            }
+            Some(v) => Duration::from_millis(v),
+            None => default,
+        }
+    };
+    let window = ms("window_ms", b.window_ms, d.window);
+    let open_for = ms("open_ms", b.open_ms, d.open_for);
+    let max_open_for = ms("max_open_ms", b.max_open_ms, d.max_open_for.max(open_for));
+    let healthy_after = ms("healthy_after_ms", b.healthy_after_ms, d.healthy_after);
+    if max_open_for < open_for {
+        errs.push(
+            format!("{at}.breaker.max_open_ms"),
+            "must not be less than open_ms",
+        );
+    }
+    let mut rate = |field: &str, v: Option<f64>, default: f64| -> f64 {
+        match v {
+            Some(r) if !(r > 0.0 && r <= 1.0) => {
+                errs.push(format!("{at}.breaker.{field}"), "must be a share in (0, 1]");
+                default
+            }
+            Some(r) => r,
+            None => default,
+        }
+    };
+    let failure_rate = rate("failure_rate", b.failure_rate, d.failure_rate);
+    let timeout_rate = rate("timeout_rate", b.timeout_rate, d.timeout_rate);
+    let mut count = |field: &str, v: Option<u32>, default: u32| -> u32 {
+        match v {
+            Some(0) => {
+                errs.push(format!("{at}.breaker.{field}"), "must be at least 1");
+                default
+            }
+            Some(v) => v,
+            None => default,
+        }
+    };
+    let consecutive_failures = count(
+        "consecutive_failures",
+        b.consecutive_failures,
+        d.consecutive_failures,
+    );
+    let min_requests = count("min_requests", b.min_requests, d.min_requests);
+    let half_open_probes = count("half_open_probes", b.half_open_probes, d.half_open_probes);
+    let probe = b.probe.as_ref().and_then(|p| {
+        let method = match p
+            .method
+            .as_deref()
+            .unwrap_or("GET")
+            .to_ascii_uppercase()
+            .as_str()
+        {
+            "GET" => http::Method::GET,
+            "HEAD" => http::Method::HEAD,
+            other => {
+                errs.push(
+                    format!("{at}.breaker.probe.method"),
+                    format!("`{other}` is not read-only: use GET or HEAD"),
+                );
+                return None;
+            }
+        };
+        if !p.path.starts_with('/') {
+            errs.push(format!("{at}.breaker.probe.path"), "must start with /");
+            return None;
+        }
+        Some(Probe {
+            method,
+            path: p.path.clone(),
+        })
+    });
+    let cfg = BreakerConfig {
+        consecutive_failures,
+        failure_rate,
+        timeout_rate,
+        min_requests,
+        window,
+        open_for,
+        max_open_for,
+        half_open_probes,
+        healthy_after,
+        active_probe: probe.is_some(),
+    };
+    let isolate = b.isolate_by == Some(spec::IsolateBy::Agent);
+    (cfg, isolate, probe)
 }
 
 #[cfg(test)]
@@ -691,11 +817,51 @@ agents:
     }
 
     #[test]
-    fn weighted_round_robin_gives_exact_shares() {
-        let c = build_str(GOOD).unwrap();
+    fn routes_carry_retry_budget_and_renames() {
+        let c = build_str(&GOOD.replace(
+            "targets: [ { provider: oa, weight: 3 }, { provider: local } ]",
+            "targets: [ { provider: oa, weight: 3 }, { provider: local, model: llama3.1 } ]\n    retry: { max_attempts: 3, max_total_ms: 5000 }",
+        ))
+        .unwrap();
         let r = c.routes.find("gpt-4o").unwrap();
-        let picks: Vec<&str> = (0..8).map(|_| r.pick().provider.name.as_str()).collect();
-        assert_eq!(picks.iter().filter(|n| **n == "oa").count(), 6);
+        assert_eq!((r.max_attempts, r.max_total), (3, Duration::from_secs(5)));
+        assert_eq!(r.targets[1].model.as_deref(), Some("llama3.1"));
+        let c = build_str(GOOD).unwrap();
+        assert_eq!(
+            c.routes.find("gpt-4o").unwrap().max_attempts,
+            2,
+            "default: one per target"
+        );
+    }
+
+    #[test]
+    fn breaker_settings_are_validated() {
+        let yaml = GOOD.replace(
+            "api_key_env: SET }",
+            "api_key_env: SET, breaker: { failure_rate: 1.5, open_ms: 0, isolate_by: agent, probe: { method: POST, path: /v1/models } } }",
+        );
+        let e = build_str(&yaml).unwrap_err().join("\n");
+        assert!(
+            e.contains("providers.oa.breaker.failure_rate: must be a share in (0, 1]"),
+            "{e}"
+        );
+        assert!(
+            e.contains("providers.oa.breaker.open_ms: must be at least 1"),
+            "{e}"
+        );
+        assert!(
+            e.contains("providers.oa.breaker.probe.method: `POST` is not read-only"),
+            "{e}"
+        );
+        let yaml = GOOD.replace(
+            "api_key_env: SET }",
+            "api_key_env: SET, breaker: { consecutive_failures: 2, isolate_by: agent, probe: { path: /v1/models } } }",
+        );
+        let c = build_str(&yaml).unwrap();
+        let oa = c.providers.iter().find(|p| p.name == "oa").unwrap();
+        assert!(oa.isolate_by_agent && oa.breaker.active_probe);
+        assert_eq!(oa.breaker.consecutive_failures, 2);
+        assert_eq!(oa.probe.as_ref().unwrap().method, http::Method::GET);
     }
 
     #[test]

@@ -57,6 +57,66 @@ pub struct ProviderSpec {
     pub anthropic_version: Option<String>,
     #[serde(default)]
     pub timeouts: TimeoutsSpec,
+    #[serde(default)]
+    pub breaker: BreakerSpec,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IsolateBy {
+    /// One breaker per provider (default).
+    None,
+    /// One breaker per provider and agent: one tenant's failures cannot
+    /// open the circuit for another.
+    Agent,
+}
+
+/// Circuit breaker thresholds for one provider; every field has a default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerSpec {
+    /// Trip after this many failures in a row. Default 5.
+    #[serde(default)]
+    pub consecutive_failures: Option<u32>,
+    /// Trip when this share of the window's requests failed. Default 0.5.
+    #[serde(default)]
+    pub failure_rate: Option<f64>,
+    /// Trip when this share of the window's requests timed out. Default 0.5.
+    #[serde(default)]
+    pub timeout_rate: Option<f64>,
+    /// The rates apply from this many requests in the window. Default 10.
+    #[serde(default)]
+    pub min_requests: Option<u32>,
+    /// Default 30000.
+    #[serde(default)]
+    pub window_ms: Option<u64>,
+    /// First open period; doubles per consecutive trip. Default 30000.
+    #[serde(default)]
+    pub open_ms: Option<u64>,
+    /// Longest open period. Default 600000.
+    #[serde(default)]
+    pub max_open_ms: Option<u64>,
+    /// Live requests let through at once when half-open. Default 1.
+    #[serde(default)]
+    pub half_open_probes: Option<u32>,
+    /// Closed this long, the trip backoff starts over. Default 300000.
+    #[serde(default)]
+    pub healthy_after_ms: Option<u64>,
+    #[serde(default)]
+    pub isolate_by: Option<IsolateBy>,
+    /// Test half-open with this read-only request instead of live traffic.
+    #[serde(default)]
+    pub probe: Option<ProbeSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeSpec {
+    /// `GET` or `HEAD`. Default `GET`.
+    #[serde(default)]
+    pub method: Option<String>,
+    /// e.g. `/v1/models`.
+    pub path: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -80,7 +140,23 @@ pub struct TimeoutsSpec {
 pub struct RouteSpec {
     /// Model names this route serves: exact, or `prefix*`.
     pub models: Vec<String>,
+    /// In fallback order; the first attempt picks by weight and health.
     pub targets: Vec<TargetSpec>,
+    #[serde(default)]
+    pub retry: Option<RetrySpec>,
+}
+
+/// How hard a route tries before giving up. Fallback happens only before
+/// any response byte went to the agent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Attempts in all, the first included. Default: one per target.
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    /// No new attempt starts after this long. Default 60000.
+    #[serde(default)]
+    pub max_total_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,6 +166,9 @@ pub struct TargetSpec {
     /// Relative share of traffic among this route's targets. Default 1.
     #[serde(default)]
     pub weight: Option<u32>,
+    /// Send this model name to the provider instead of the requested one.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

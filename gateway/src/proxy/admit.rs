@@ -197,8 +197,8 @@ pub async fn admit(
             format!("no route for model `{}`", truncate(&facts.model, 200)),
         )
     })?;
-    let target = route.pick();
-    if !target.provider.serves(endpoint) {
+    // All targets of a route speak one API family (checked at load).
+    if !route.targets.iter().all(|t| t.provider.serves(endpoint)) {
         return Err(GatewayError::UnsupportedEndpoint { model: facts.model });
     }
     // Limits last: only a request that passed every rule uses up capacity.
@@ -216,7 +216,7 @@ pub async fn admit(
             agent: rules.name.clone(),
             endpoint,
             model: facts.model,
-            provider: target.provider.clone(),
+            route: route.clone(),
             stream: facts.stream,
             body_len: body.len(),
             would_deny: verdict.would_deny.map(|d| d.code),

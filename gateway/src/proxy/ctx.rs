@@ -1,7 +1,8 @@
 //! The typed per-request context and the admission record that travels with
 //! an admitted request (into a subrequest, when the body is large).
 
-use crate::config::Provider;
+use super::routing::Picked;
+use crate::config::runtime::Route;
 use crate::error::GatewayError;
 use loopgate_policy::{DenyCode, Endpoint, Lease, Usage, UsageScanner};
 use std::sync::Arc;
@@ -15,7 +16,7 @@ pub struct Admission {
     pub agent: Arc<str>,
     pub endpoint: Endpoint,
     pub model: String,
-    pub provider: Arc<Provider>,
+    pub route: Arc<Route>,
     pub stream: bool,
     pub body_len: usize,
     /// A dry-run rule would have denied this request with this code.
@@ -33,6 +34,28 @@ pub struct RequestCtx {
     pub is_subrequest: bool,
     /// A large body was forwarded through a subrequest; its hooks did the proxying.
     pub forwarded_by_subrequest: bool,
+    /// The attempt under way: its target and breaker ticket, until its
+    /// outcome is reported.
+    pub attempt: Option<Attempt>,
+    /// Targets of the route already tried (or skipped) by this request.
+    pub tried: Vec<usize>,
+    pub attempts: u32,
+    pub first_attempt_at: Option<Instant>,
+    /// The provider that served the response, and the one it fell back from.
+    pub served_by: Option<Arc<str>>,
+    pub fallback_from: Option<Arc<str>>,
+    /// The last failure, answered if no attempt is left.
+    pub last_failure: Option<GatewayError>,
+    /// A stale pooled connection: try the same target again, uncounted.
+    pub retry_same: Option<usize>,
+    pub stale_retries: u8,
+    /// The API family of the provider that answered (for SSE error events).
+    pub served_kind: Option<crate::config::ProviderKind>,
+    /// The body as judged, kept when a target renames the model.
+    pub original_body: Option<bytes::Bytes>,
+    /// The body this attempt sends when it differs from what Pingora
+    /// replays (renamed model, or the large-body subrequest).
+    pub attempt_body: Option<bytes::Bytes>,
     /// Large-body subrequest: the judged body (and its content type) to send.
     pub injected_body: Option<(bytes::Bytes, Option<http::HeaderValue>)>,
     /// Set by a hook that failed for a reason it knows better than the
@@ -62,6 +85,18 @@ impl RequestCtx {
             admitted: None,
             is_subrequest: false,
             forwarded_by_subrequest: false,
+            attempt: None,
+            tried: Vec::new(),
+            attempts: 0,
+            first_attempt_at: None,
+            served_by: None,
+            fallback_from: None,
+            last_failure: None,
+            retry_same: None,
+            stale_retries: 0,
+            served_kind: None,
+            original_body: None,
+            attempt_body: None,
             injected_body: None,
             pending_error: None,
             linger: false,
@@ -74,6 +109,15 @@ impl RequestCtx {
             tpm_key: None,
         }
     }
+}
+
+/// One attempt at an upstream.
+#[derive(Debug)]
+pub struct Attempt {
+    pub picked: Picked,
+    pub started: Instant,
+    /// Time to the response header, once it arrived.
+    pub ttfb: Option<std::time::Duration>,
 }
 
 impl Default for RequestCtx {

@@ -23,6 +23,7 @@ mod admit;
 mod ctx;
 mod ids;
 mod respond;
+mod routing;
 
 pub use ctx::{Admission, RequestCtx};
 
@@ -33,8 +34,10 @@ use admit::Admitted;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
+use ctx::Attempt;
 use ids::RequestIds;
-use loopgate_policy::{Clock, StateStore, UsageScanner};
+use loopgate_breaker::{BreakerSet, FailureKind, Outcome, State, Transition};
+use loopgate_policy::{replace_model, Clock, StateStore, UsageScanner};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::HttpTask;
 use pingora::upstreams::peer::HttpPeer;
@@ -56,6 +59,8 @@ pub struct Gateway {
     store: Arc<dyn StateStore>,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
+    /// Circuit breakers by key; like the store, they outlive reloads.
+    breakers: Arc<BreakerSet>,
 }
 
 impl Gateway {
@@ -64,6 +69,7 @@ impl Gateway {
         store: Arc<dyn StateStore>,
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
+        breakers: Arc<BreakerSet>,
     ) -> Self {
         Gateway {
             config,
@@ -71,7 +77,79 @@ impl Gateway {
             store,
             clock,
             metrics,
+            breakers,
         }
+    }
+
+    /// Reports the current attempt as failed (once), and remembers the
+    /// error to answer with if no attempt is left.
+    fn fail_attempt(&self, ctx: &mut RequestCtx, kind: FailureKind, error: GatewayError) {
+        if let Some(att) = ctx.attempt.take() {
+            let name = &att.picked.provider.name;
+            ctx.fallback_from
+                .get_or_insert_with(|| Arc::from(name.as_str()));
+            log::debug!(
+                "request {}: provider `{name}` failed: {}",
+                ctx.request_id,
+                kind.as_str()
+            );
+            let recorded = self.breakers.record(
+                &att.picked.key,
+                att.picked.ticket,
+                Outcome::Failure(kind),
+                None,
+                self.clock.now(),
+            );
+            if let Ok(Some(t)) = recorded {
+                log_transition(&att.picked.key, &t);
+            }
+        }
+        ctx.last_failure = Some(error);
+    }
+
+    /// Reports the current attempt as a success (the upstream answered and,
+    /// if it streamed, finished).
+    fn succeed_attempt(&self, ctx: &mut RequestCtx) {
+        if let Some(att) = ctx.attempt.take() {
+            let recorded = self.breakers.record(
+                &att.picked.key,
+                att.picked.ticket,
+                Outcome::Success,
+                att.ttfb,
+                self.clock.now(),
+            );
+            if let Ok(Some(t)) = recorded {
+                log_transition(&att.picked.key, &t);
+            }
+        }
+    }
+
+    /// Whether a failed attempt may be followed by another: nothing went to
+    /// the agent yet, the route's retry budget has room, and a target that
+    /// was not tried has a breaker that is not open.
+    fn can_fallback(&self, session: &Session, ctx: &RequestCtx) -> bool {
+        let Some(adm) = ctx.admitted.as_ref() else {
+            return false;
+        };
+        let route = &adm.route;
+        if respond::response_started(session)
+            || ctx.attempts >= route.max_attempts
+            || ctx
+                .first_attempt_at
+                .is_some_and(|t| t.elapsed() >= route.max_total)
+        {
+            return false;
+        }
+        let now = self.clock.now();
+        (0..route.targets.len())
+            .filter(|i| !ctx.tried.contains(i))
+            .any(|i| {
+                let key = routing::breaker_key(&route.targets[i].provider, &adm.agent);
+                !matches!(
+                    self.breakers.peek(&key, now),
+                    Ok(Some((State::Open, _, _))) | Err(_)
+                )
+            })
     }
 
     async fn admit_main(
@@ -118,6 +196,10 @@ impl Gateway {
                     ctx.tpm_key = Some(rules.tpm_key());
                 }
                 ctx.lease = Some(lease);
+                if admission.route.targets.iter().any(|t| t.model.is_some()) {
+                    // Targets rename the model: each attempt rewrites the judged body.
+                    ctx.original_body = Some(body.clone());
+                }
                 ctx.admitted = Some(admission.clone());
                 if body.len() <= RETRY_BUFFER_LIMIT
                     && !session.downstream_session.retry_buffer_truncated()
@@ -222,10 +304,51 @@ struct LargeBody {
 }
 
 fn admission_provider(ctx: &RequestCtx) -> String {
-    ctx.admitted
+    ctx.attempt
         .as_ref()
-        .map_or_else(|| "?".to_string(), |a| a.provider.name.clone())
+        .map(|a| a.picked.provider.name.clone())
+        .or_else(|| ctx.served_by.as_deref().map(str::to_string))
+        .unwrap_or_else(|| "?".to_string())
 }
+
+fn log_transition(key: &str, t: &Transition) {
+    log::info!("breaker `{key}`: {t}");
+}
+
+/// Seconds from a `Retry-After` header (the delay form).
+fn retry_after_secs(resp: &ResponseHeader) -> Option<u64> {
+    resp.headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The SSE event that ends a broken stream, in the provider's format, so an
+/// agent sees an error instead of a silent cut.
+fn sse_error_event(kind: Option<ProviderKind>, e: &GatewayError, request_id: &str) -> Bytes {
+    let event = match kind {
+        Some(ProviderKind::Anthropic) => format!(
+            "event: error\ndata: {}\n\n",
+            serde_json::json!({"type": "error", "error": {
+                "type": "api_error", "message": e.message(), "code": e.code(), "request_id": request_id,
+            }})
+        ),
+        _ => format!(
+            "data: {}\n\n",
+            serde_json::json!({"error": {
+                "type": e.error_type(), "code": e.code(), "message": e.message(),
+                "request_id": request_id, "retryable": e.retryable(),
+            }})
+        ),
+    };
+    Bytes::from(event)
+}
+
+/// Marks an upstream answer (5xx, 429) that is discarded for a fallback.
+const FALLBACK: ErrorType = ErrorType::Custom("fallback");
 
 fn content_type(resp: &ResponseHeader) -> Option<&str> {
     resp.headers
@@ -331,20 +454,111 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Box<HttpPeer>> {
-        let Some(adm) = ctx.admitted.as_ref() else {
+        let Some(adm) = ctx.admitted.clone() else {
             // Fail closed: nothing without an admission goes upstream.
             ctx.pending_error = Some(GatewayError::Internal(
                 "request reached upstream selection without admission".into(),
             ));
             return Err(Error::new(ErrorType::InternalError));
         };
-        let p = &adm.provider;
+        let route = &adm.route;
+        let now = self.clock.now();
+        let first_at = *ctx.first_attempt_at.get_or_insert_with(Instant::now);
+        let picked = if let Some(i) = ctx.retry_same.take() {
+            // A pooled connection had gone stale: the same target again on a
+            // fresh connection; not a new attempt.
+            let provider = route.targets[i].provider.clone();
+            let key = routing::breaker_key(&provider, &adm.agent);
+            match self.breakers.acquire(&key, &provider.breaker, now) {
+                Ok((Ok(ticket), _)) => routing::Picked {
+                    target: i,
+                    provider,
+                    key,
+                    ticket,
+                },
+                Ok((Err(rejected), _)) => {
+                    ctx.pending_error = Some(GatewayError::CircuitOpen {
+                        provider: provider.name.clone(),
+                        retry_after: rejected.retry_after,
+                    });
+                    return Err(Error::new(ErrorType::Custom("circuit_open")));
+                }
+                Err(_) => {
+                    ctx.pending_error = Some(GatewayError::BreakerUnavailable);
+                    return Err(Error::new(ErrorType::InternalError));
+                }
+            }
+        } else {
+            if ctx.attempts >= route.max_attempts
+                || (ctx.attempts > 0 && first_at.elapsed() >= route.max_total)
+            {
+                ctx.pending_error = ctx.last_failure.take();
+                return Err(Error::new(ErrorType::Custom("retry_budget_exhausted")));
+            }
+            let mut transitions = Vec::new();
+            let choice = routing::choose(
+                &self.breakers,
+                route,
+                &adm.agent,
+                &ctx.tried,
+                now,
+                &mut transitions,
+            );
+            for (key, t) in &transitions {
+                log_transition(key, t);
+            }
+            match choice {
+                Ok(routing::Choice::Go(p)) => p,
+                Ok(routing::Choice::AllOpen {
+                    retry_after,
+                    provider,
+                }) => {
+                    // After a real failure, that failure is the better answer.
+                    ctx.pending_error = Some(ctx.last_failure.take().unwrap_or(
+                        GatewayError::CircuitOpen {
+                            provider,
+                            retry_after,
+                        },
+                    ));
+                    return Err(Error::new(ErrorType::Custom("circuit_open")));
+                }
+                Ok(routing::Choice::Exhausted) => {
+                    ctx.pending_error = ctx.last_failure.take();
+                    return Err(Error::new(ErrorType::Custom("no_target_left")));
+                }
+                Err(_) => {
+                    ctx.pending_error = Some(GatewayError::BreakerUnavailable);
+                    return Err(Error::new(ErrorType::InternalError));
+                }
+            }
+        };
+        if !ctx.tried.contains(&picked.target) {
+            ctx.tried.push(picked.target);
+            ctx.attempts += 1;
+        }
+        let p = picked.provider.clone();
         let Some(addr) = p.addr.load_full() else {
+            self.breakers.abandon(&picked.key, picked.ticket);
             ctx.pending_error = Some(GatewayError::UpstreamUnreachable(format!(
                 "provider `{}`: host `{}` is not resolved yet",
                 p.name, p.host
             )));
             return Err(Error::new(ErrorType::ConnectNoRoute));
+        };
+        // The body this attempt sends: renamed for this target, or the
+        // judged body of a large-body subrequest, or Pingora's own replay.
+        let base = ctx
+            .injected_body
+            .as_ref()
+            .map(|(b, _)| b.clone())
+            .or_else(|| ctx.original_body.clone());
+        ctx.attempt_body = match (&route.targets[picked.target].model, base) {
+            (Some(model), Some(base)) => match replace_model(&base, model) {
+                Some(renamed) => Some(Bytes::from(renamed)),
+                None => Some(base),
+            },
+            (None, base) if ctx.injected_body.is_some() => base,
+            _ => None,
         };
         let mut peer = HttpPeer::new(*addr, p.tls, p.host.clone());
         let o = &mut peer.options;
@@ -353,7 +567,84 @@ impl ProxyHttp for Gateway {
         o.read_timeout = Some(p.timeouts.read);
         o.write_timeout = Some(p.timeouts.read);
         o.idle_timeout = Some(Duration::from_secs(90));
+        ctx.attempt = Some(Attempt {
+            picked,
+            started: Instant::now(),
+            ttfb: None,
+        });
         Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        let ge = map_transport_error(&e, &admission_provider(ctx));
+        self.fail_attempt(ctx, FailureKind::Connect, ge);
+        e.set_retry(self.can_fallback(session, ctx));
+        e
+    }
+
+    fn error_while_proxy(
+        &self,
+        _peer: &HttpPeer,
+        session: &mut Session,
+        mut e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        if e.etype() == &FALLBACK {
+            // upstream_response_filter already judged and recorded it.
+            e.set_retry(true);
+            return e;
+        }
+        let started = respond::response_started(session);
+        if *e.esource() == ErrorSource::Downstream {
+            // The agent went away or broke its side: not the provider's fault.
+            if started {
+                self.succeed_attempt(ctx);
+            } else if let Some(att) = ctx.attempt.take() {
+                self.breakers.abandon(&att.picked.key, att.picked.ticket);
+            }
+            e.set_retry(false);
+            return e;
+        }
+        let stale = client_reused
+            && !started
+            && ctx.stale_retries < 2
+            && matches!(
+                e.etype(),
+                ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+            );
+        if stale {
+            // The provider had closed a pooled connection: same target on a
+            // fresh one, not counted as a failure.
+            if let Some(att) = ctx.attempt.take() {
+                self.breakers.abandon(&att.picked.key, att.picked.ticket);
+                ctx.retry_same = Some(att.picked.target);
+            }
+            ctx.stale_retries += 1;
+            e.set_retry(true);
+            return e;
+        }
+        let timeout = matches!(
+            e.etype(),
+            ErrorType::ReadTimedout | ErrorType::WriteTimedout
+        ) || e.etype() == &TOTAL_TIMEOUT;
+        let kind = if timeout {
+            FailureKind::Timeout
+        } else if started {
+            FailureKind::StreamBroken
+        } else {
+            FailureKind::ServerError
+        };
+        let ge = map_transport_error(&e, &admission_provider(ctx));
+        self.fail_attempt(ctx, kind, ge);
+        e.set_retry(!started && self.can_fallback(session, ctx));
+        e
     }
 
     async fn upstream_request_filter(
@@ -362,10 +653,10 @@ impl ProxyHttp for Gateway {
         req: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        let Some(adm) = ctx.admitted.as_ref() else {
-            return Err(Error::explain(ErrorType::InternalError, "no admission"));
+        let Some(att) = ctx.attempt.as_ref() else {
+            return Err(Error::explain(ErrorType::InternalError, "no attempt"));
         };
-        let p = &adm.provider;
+        let p = att.picked.provider.clone();
         // The agent's credential never leaves the gateway.
         for h in admit::AGENT_KEY_HEADERS {
             req.remove_header(h);
@@ -385,12 +676,13 @@ impl ProxyHttp for Gateway {
         if p.kind == ProviderKind::Anthropic && !req.headers.contains_key("anthropic-version") {
             req.insert_header("anthropic-version", p.anthropic_version.as_str())?;
         }
-        if let Some((body, content_type)) = &ctx.injected_body {
+        // A body we send ourselves needs framing that matches it exactly.
+        if let Some(body) = &ctx.attempt_body {
             req.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
             req.remove_header(&http::header::TRANSFER_ENCODING);
-            if let Some(ct) = content_type {
-                req.insert_header(http::header::CONTENT_TYPE, ct.clone())?;
-            }
+        }
+        if let Some((_, Some(ct))) = &ctx.injected_body {
+            req.insert_header(http::header::CONTENT_TYPE, ct.clone())?;
         }
         req.insert_header("host", p.authority.as_str())?;
         req.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
@@ -412,13 +704,78 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        // Large-body subrequest: it has no body of its own; send the judged
-        // bytes once per attempt (called once, at end of stream, per attempt).
-        if let Some((judged, _)) = &ctx.injected_body {
-            if end_of_stream {
-                *body = Some(judged.clone());
-            }
+        // Our body for this attempt (renamed model, or the large-body
+        // subrequest's judged bytes) replaces what Pingora replays. The
+        // request body was read in full before, so the whole replay arrives
+        // in the call that ends the stream.
+        if let Some(ours) = &ctx.attempt_body {
+            *body = Some(if end_of_stream {
+                ours.clone()
+            } else {
+                Bytes::new()
+            });
         }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        let status = resp.status.as_u16();
+        let Some(att) = ctx.attempt.as_mut() else {
+            return Ok(());
+        };
+        if status < 200 {
+            return Ok(());
+        }
+        att.ttfb = Some(att.started.elapsed());
+        let provider = att.picked.provider.clone();
+        let key = att.picked.key.clone();
+        let failure = match status {
+            429 => Some(FailureKind::RateLimited),
+            500..=599 => Some(FailureKind::ServerError),
+            _ => None,
+        };
+        if let Some(kind) = failure {
+            self.fail_attempt(
+                ctx,
+                kind,
+                GatewayError::UpstreamFailed(format!(
+                    "provider `{}` answered {status}",
+                    provider.name
+                )),
+            );
+            if let Some(secs) = retry_after_secs(resp).filter(|_| status == 429) {
+                // The provider said when to come back: out of rotation till then.
+                let hold = Duration::from_secs(secs).min(provider.breaker.max_open_for);
+                let reason = format!("provider answered 429 with Retry-After: {secs}");
+                if let Ok(Some(t)) = self.breakers.hold_open(
+                    &key,
+                    &provider.breaker,
+                    self.clock.now(),
+                    hold,
+                    &reason,
+                ) {
+                    log_transition(&key, &t);
+                }
+            }
+            if self.can_fallback(session, ctx) {
+                return Err(Error::explain(
+                    FALLBACK,
+                    format!(
+                        "provider `{}` answered {status}; falling back",
+                        provider.name
+                    ),
+                ));
+            }
+            // The last attempt: the provider's own answer goes through unchanged.
+            // (Its failure was recorded above; re-arm nothing.)
+        }
+        ctx.served_by = Some(Arc::from(provider.name.as_str()));
+        ctx.served_kind = Some(provider.kind);
         Ok(())
     }
 
@@ -433,6 +790,12 @@ impl ProxyHttp for Gateway {
         }
         ctx.upstream_status = Some(resp.status.as_u16());
         resp.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
+        if let Some(p) = &ctx.served_by {
+            resp.insert_header(respond::PROVIDER_HEADER, p.as_ref())?;
+            if let Some(from) = ctx.fallback_from.as_ref().filter(|f| *f != p) {
+                resp.insert_header(respond::FALLBACK_HEADER, from.as_ref())?;
+            }
+        }
         if let Some(code) = ctx.admitted.as_ref().and_then(|a| a.would_deny) {
             resp.insert_header(respond::WOULD_DENY_HEADER, code.as_str())?;
         }
@@ -459,14 +822,12 @@ impl ProxyHttp for Gateway {
             }
         }
         // The per-read timeout bounds stalls; this bounds the whole exchange.
-        if let (Some(adm), Some(start)) = (&ctx.admitted, ctx.upstream_started) {
-            if !end_of_stream && start.elapsed() > adm.provider.timeouts.total {
+        if let (Some(att), Some(start)) = (&ctx.attempt, ctx.upstream_started) {
+            let provider = &att.picked.provider;
+            if !end_of_stream && start.elapsed() > provider.timeouts.total {
                 return Err(Error::explain(
                     TOTAL_TIMEOUT,
-                    format!(
-                        "provider `{}` exceeded its total timeout",
-                        adm.provider.name
-                    ),
+                    format!("provider `{}` exceeded its total timeout", provider.name),
                 ));
             }
         }
@@ -482,6 +843,7 @@ impl ProxyHttp for Gateway {
         let ge = ctx
             .pending_error
             .take()
+            .or_else(|| ctx.last_failure.take())
             .unwrap_or_else(|| map_transport_error(e, &admission_provider(ctx)));
         let dead_client = *e.esource() == ErrorSource::Downstream
             && matches!(
@@ -491,7 +853,23 @@ impl ProxyHttp for Gateway {
         let error_code = if dead_client {
             ctx.error_code = Some(ge.code());
             0
+        } else if respond::response_started(session) {
+            // Mid-stream: end an event stream with an error event in the
+            // provider's format rather than a silent cut.
+            ctx.error_code = Some(ge.code());
+            let sse = session
+                .response_written()
+                .and_then(|r| r.headers.get(http::header::CONTENT_TYPE))
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+            if sse {
+                let event = sse_error_event(ctx.served_kind, &ge, &ctx.request_id);
+                if let Err(err) = session.write_response_body(Some(event), true).await {
+                    log::debug!("request {}: cannot end the stream: {err}", ctx.request_id);
+                }
+            }
+            0
         } else {
+            self.metrics.denied(ge.code());
             respond::write_error(session, ctx, &ge).await
         };
         FailToProxy {
@@ -501,6 +879,19 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        // An attempt still open here ended without a failure hook: the
+        // exchange completed (or the agent left after it started).
+        if ctx.attempt.is_some() {
+            match e {
+                None => self.succeed_attempt(ctx),
+                Some(err) if *err.esource() == ErrorSource::Downstream => self.succeed_attempt(ctx),
+                Some(_) => self.fail_attempt(
+                    ctx,
+                    FailureKind::StreamBroken,
+                    GatewayError::UpstreamFailed("stream ended abnormally".into()),
+                ),
+            }
+        }
         // Return what the request held on its limits, exactly once: settle
         // the token estimate with the reported usage, free the slot.
         if let Some(lease) = ctx.lease.take() {
@@ -525,7 +916,7 @@ impl ProxyHttp for Gateway {
             ctx.agent.as_deref().unwrap_or("-"),
             adm.map_or("-", |a| a.endpoint.path()),
             adm.map_or("-", |a| a.model.as_str()),
-            adm.map_or("-", |a| a.provider.name.as_str()),
+            ctx.served_by.as_deref().unwrap_or("-"),
             adm.is_some_and(|a| a.stream),
             adm.map_or(0, |a| a.body_len),
             status,

@@ -10,6 +10,8 @@ use pingora_proxy::Session;
 pub const ERROR_HEADER: &str = "x-loopgate-error";
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 pub const WOULD_DENY_HEADER: &str = "x-loopgate-would-deny";
+pub const PROVIDER_HEADER: &str = "x-loopgate-provider";
+pub const FALLBACK_HEADER: &str = "x-loopgate-fallback";
 
 /// Writes `e` as Loopgate's JSON error. Returns the status written, or 0 when
 /// nothing could be written (a response had already started, or the client

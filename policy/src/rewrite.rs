@@ -1,0 +1,165 @@
+//! Rewriting the top-level `model` of a JSON body that admission already
+//! validated, for routes that rename the model per target. Only the bytes
+//! of that one value change; everything else is copied as it was, so the
+//! provider sees the agent's body byte for byte apart from the model.
+
+/// The body with its top-level `"model"` value replaced by `model`, or
+/// `None` if the body has no top-level `model` (or is not a JSON object).
+pub fn replace_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
+    let (start, end) = top_level_value(body, "model")?;
+    let new = serde_json::to_vec(model).ok()?;
+    let mut out = Vec::with_capacity(body.len() - (end - start) + new.len());
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(&new);
+    out.extend_from_slice(&body[end..]);
+    Some(out)
+}
+
+/// Byte span of the value of top-level key `key` in a JSON object.
+fn top_level_value(b: &[u8], key: &str) -> Option<(usize, usize)> {
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    loop {
+        i = skip_ws(b, i);
+        match b.get(i)? {
+            b'}' => return None,
+            b',' => {
+                i += 1;
+                continue;
+            }
+            b'"' => {}
+            _ => return None,
+        }
+        let key_end = string_end(b, i)?;
+        let raw_key = &b[i..key_end];
+        let is_key = if raw_key.contains(&b'\\') {
+            serde_json::from_slice::<String>(raw_key).ok()? == key
+        } else {
+            &raw_key[1..raw_key.len() - 1] == key.as_bytes()
+        };
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let value_end = value_end(b, i)?;
+        if is_key {
+            return Some((i, value_end));
+        }
+        i = value_end;
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while b.get(i).is_some_and(|c| c.is_ascii_whitespace()) {
+        i += 1;
+    }
+    i
+}
+
+/// `b[i]` is `"`: the index just past the closing quote.
+fn string_end(b: &[u8], mut i: usize) -> Option<usize> {
+    i += 1;
+    loop {
+        match b.get(i)? {
+            b'\\' => i += 2,
+            b'"' => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
+}
+
+/// The index just past the value starting at `b[i]`.
+fn value_end(b: &[u8], i: usize) -> Option<usize> {
+    match b.get(i)? {
+        b'"' => string_end(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match b.get(j)? {
+                    b'"' => {
+                        j = string_end(b, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+        }
+        _ => {
+            let mut j = i;
+            while let Some(c) = b.get(j) {
+                if matches!(c, b',' | b'}' | b']') || c.is_ascii_whitespace() {
+                    break;
+                }
+                j += 1;
+            }
+            Some(j)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn replaces_only_the_top_level_model() {
+        let body = br#"{ "messages":[{"role":"user","content":"use \"model\": x","model":"inner"}],
+            "metadata":{"model":"nested"}, "model" : "gpt-4o", "stream":true}"#;
+        let out = replace_model(body, "llama3.1").unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["model"], "llama3.1");
+        assert_eq!(v["metadata"]["model"], "nested");
+        assert_eq!(v["messages"][0]["model"], "inner");
+        // Everything but the value is byte for byte the same.
+        let s = String::from_utf8(out).unwrap();
+        assert_eq!(
+            s.replace("\"llama3.1\"", "\"gpt-4o\""),
+            std::str::from_utf8(body).unwrap()
+        );
+    }
+
+    #[test]
+    fn escaped_keys_and_awkward_values() {
+        let out =
+            replace_model(br#"{"a":[1,{"b":"}"}],"mod\u0065l":"x","z":null}"#, "q\"y").unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["model"], "q\"y");
+        assert_eq!(v["a"][1]["b"], "}");
+        assert!(replace_model(br#"{"models":"x"}"#, "y").is_none());
+        assert!(replace_model(b"[1]", "y").is_none());
+        assert!(replace_model(b"", "y").is_none());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn output_is_valid_json_with_the_new_model(
+            model in "[a-zA-Z0-9 ._\"\\\\-]{0,20}",
+            pad in "[ \n\t]{0,3}",
+            extra in "[a-z]{1,8}",
+        ) {
+            let body = format!(r#"{{{pad}"{extra}":{{"model":[1,"]"]}},{pad}"model"{pad}:{pad}"old"{pad},"x":[{pad}]}}"#);
+            let out = replace_model(body.as_bytes(), &model).unwrap();
+            let v: Value = serde_json::from_slice(&out).unwrap();
+            proptest::prop_assert_eq!(v["model"].as_str().unwrap(), model.as_str());
+        }
+
+        #[test]
+        fn never_panics(body in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            let _ = replace_model(&body, "m");
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Breakers, fallback and retries, driven by the mock's fault injection.
+
+use loopgate_tests::*;
+use std::time::Duration;
+
+const B_KEY: &str = "agent-b-key-0007";
+const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// One route `gpt-4o-mini` over `targets` (provider names), with the
+/// providers given as `(name, base_url, breaker settings)`.
+fn config(providers: &[(&str, String, &str)], targets: &str) -> String {
+    let mut yaml = String::from("listen: 127.0.0.1:{PORT}\nadmin: { listen: \"127.0.0.1:{ADMIN_PORT}\" }\nthreads: 2\nproviders:\n");
+    for (name, url, breaker) in providers {
+        yaml += &format!(
+            "  {name}:\n    kind: openai_compatible\n    base_url: \"{url}\"\n    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY\n    timeouts: {{ connect_ms: 1000, read_ms: 2000 }}\n    breaker: {{ {breaker} }}\n"
+        );
+    }
+    yaml += &format!(
+        "routes:\n  - models: [gpt-4o-mini]\n    targets: {targets}\nagents:\n  a:\n    key_sha256: \"{}\"\n    models: [gpt-4o-mini]\n  b:\n    key_sha256: \"{}\"\n    models: [gpt-4o-mini]\n",
+        sha256_hex(AGENT_KEY.as_bytes()),
+        sha256_hex(B_KEY.as_bytes())
+    );
+    yaml
+}
+
+fn chat(gw: &Gateway, key: &str, extra: &[&str]) -> Resp {
+    let url = gw.url("/v1/chat/completions");
+    let auth = auth(key);
+    let mut args = vec![url.as_str(), "-H", &auth];
+    args.extend_from_slice(extra);
+    args.extend(["-d", CHAT]);
+    curl(&args)
+}
+
+fn received(mock: &Mock) -> u64 {
+    curl(&[&format!("{}/_mock/stats", mock.url())]).json()["requests"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn a_500_storm_opens_the_breaker_then_exactly_one_probe_closes_it() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(
+        &[("p", mock.url(), "consecutive_failures: 3, open_ms: 1500")],
+        "[ { provider: p } ]",
+    ));
+    for _ in 0..3 {
+        // The only target: its 500 passes through unchanged.
+        let r = chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 500"]);
+        assert_eq!(r.status, 500);
+        assert_eq!(r.header("x-loopgate-error"), None);
+    }
+    assert_eq!(received(&mock), 3);
+    // Open: refused at once, nothing reaches the provider.
+    for _ in 0..5 {
+        let r = chat(&gw, AGENT_KEY, &[]);
+        r.assert_gateway_error(503, "circuit_open");
+        assert_eq!(r.json()["error"]["retryable"], true);
+        let after: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=2).contains(&after), "{after}");
+    }
+    assert_eq!(
+        received(&mock),
+        3,
+        "the provider was called while the circuit was open"
+    );
+
+    std::thread::sleep(Duration::from_millis(1600));
+    // Half-open: one slow probe goes through; concurrent requests are refused.
+    let url = gw.url("/v1/chat/completions");
+    let key = auth(AGENT_KEY);
+    let probe = std::thread::spawn(move || {
+        curl(&[&url, "-H", &key, "-H", "x-mock-latency-ms: 800", "-d", CHAT])
+    });
+    assert!(eventually(5, || received(&mock) == 4));
+    for _ in 0..3 {
+        chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
+    }
+    assert_eq!(received(&mock), 4, "exactly one probe reached the provider");
+    assert_eq!(probe.join().unwrap().status, 200);
+    // The probe succeeded: closed again.
+    assert_eq!(chat(&gw, AGENT_KEY, &[]).status, 200);
+    assert_eq!(received(&mock), 5);
+}
+
+#[test]
+fn client_errors_never_trip_the_breaker() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(
+        &[(
+            "p",
+            mock.url(),
+            "consecutive_failures: 2, failure_rate: 0.1, min_requests: 2",
+        )],
+        "[ { provider: p } ]",
+    ));
+    for status in ["400", "401", "404", "422", "400", "400"] {
+        assert_eq!(
+            chat(&gw, AGENT_KEY, &["-H", &format!("x-mock-status: {status}")]).status,
+            status.parse::<u16>().unwrap()
+        );
+    }
+    assert_eq!(chat(&gw, AGENT_KEY, &[]).status, 200);
+}
+
+#[test]
+fn a_refused_connection_falls_back_to_the_next_target_with_headers() {
+    let mock = Mock::start();
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let gw = Gateway::start(&config(
+        &[("primary", dead, ""), ("secondary", mock.url(), "")],
+        "[ { provider: primary, weight: 1000000 }, { provider: secondary, weight: 1 } ]",
+    ));
+    let r = chat(&gw, AGENT_KEY, &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-provider"), Some("secondary"));
+    assert_eq!(r.header("x-loopgate-fallback"), Some("primary"));
+    // A large body falls back intact too.
+    let mut body = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":""#.to_vec();
+    body.extend(std::iter::repeat_n(b'z', 300 * 1024));
+    body.extend_from_slice(br#""}]}"#);
+    let r = curl_body(
+        &[&gw.url("/v1/chat/completions"), "-H", &auth(AGENT_KEY)],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-fallback"), Some("primary"));
+    assert_eq!(mock.last_request()["body_sha256"], sha256_hex(&body));
+}
+
+#[test]
+fn a_5xx_before_the_first_byte_falls_back_and_the_last_answer_passes_through() {
+    let failing = Mock::start_with(&["--status", "503"]);
+    let healthy = Mock::start();
+    let gw = Gateway::start(&config(
+        &[
+            ("primary", failing.url(), ""),
+            ("secondary", healthy.url(), ""),
+        ],
+        "[ { provider: primary, weight: 1000000 }, { provider: secondary, weight: 1 } ]",
+    ));
+    let r = chat(&gw, AGENT_KEY, &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-loopgate-provider"), Some("secondary"));
+    assert_eq!(r.header("x-loopgate-fallback"), Some("primary"));
+    assert_eq!(received(&failing), 1);
+    // Both failing: the last provider's own 503 goes back unchanged.
+    let gw = Gateway::start(&config(
+        &[
+            ("primary", failing.url(), ""),
+            ("secondary", failing.url(), ""),
+        ],
+        "[ { provider: primary }, { provider: secondary } ]",
+    ));
+    let r = chat(&gw, AGENT_KEY, &[]);
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["message"], "injected fault");
+    assert!(r.header("x-loopgate-fallback").is_some());
+}
+
+#[test]
+fn a_429_with_retry_after_takes_the_target_out_of_rotation() {
+    let limited = Mock::start_with(&["--status", "429", "--retry-after", "30"]);
+    let healthy = Mock::start();
+    let gw = Gateway::start(&config(
+        &[
+            ("primary", limited.url(), ""),
+            ("secondary", healthy.url(), ""),
+        ],
+        "[ { provider: primary, weight: 1000000 }, { provider: secondary, weight: 1 } ]",
+    ));
+    for _ in 0..5 {
+        let r = chat(&gw, AGENT_KEY, &[]);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-loopgate-provider"), Some("secondary"));
+    }
+    assert_eq!(
+        received(&limited),
+        1,
+        "the rate-limited provider was asked again before Retry-After"
+    );
+}
+
+#[test]
+fn a_mid_stream_reset_is_an_error_event_and_a_breaker_failure() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(
+        &[("p", mock.url(), "consecutive_failures: 1, open_ms: 60000")],
+        "[ { provider: p } ]",
+    ));
+    let r = curl(&[
+        &gw.url("/v1/chat/completions"),
+        "-N",
+        "-H",
+        &auth(AGENT_KEY),
+        "-H",
+        "x-mock-reset-after: 2",
+        "-d",
+        r#"{"model":"gpt-4o-mini","stream":true,"messages":[]}"#,
+    ]);
+    assert_eq!(r.status, 200);
+    assert!(r.text().trim_end().ends_with("}"), "{}", r.text());
+    assert!(r.text().contains(r#"data: {"error":"#), "{}", r.text());
+    chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
+}
+
+#[test]
+fn isolation_by_agent_keeps_agent_b_served_while_a_is_cut_off() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(
+        &[(
+            "p",
+            mock.url(),
+            "consecutive_failures: 2, open_ms: 60000, isolate_by: agent",
+        )],
+        "[ { provider: p } ]",
+    ));
+    for _ in 0..2 {
+        assert_eq!(
+            chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 502"]).status,
+            502
+        );
+    }
+    chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
+    assert_eq!(
+        chat(&gw, B_KEY, &[]).status,
+        200,
+        "agent B must not be cut off by A's failures"
+    );
+}
+
+#[test]
+fn an_active_probe_tests_half_open_instead_of_live_traffic() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(
+        &[(
+            "p",
+            mock.url(),
+            "consecutive_failures: 1, open_ms: 700, probe: { path: /v1/models }",
+        )],
+        "[ { provider: p } ]",
+    ));
+    assert_eq!(
+        chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 500"]).status,
+        500
+    );
+    chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
+    // The gateway's own GET /v1/models closes it; no agent request was the probe.
+    assert!(eventually(5, || mock
+        .requests()
+        .iter()
+        .any(|r| r["path"] == "/v1/models")));
+    assert!(eventually(5, || chat(&gw, AGENT_KEY, &[]).status == 200));
+    let posts = mock
+        .requests()
+        .iter()
+        .filter(|r| r["method"] == "POST")
+        .count();
+    assert_eq!(
+        posts, 2,
+        "only the failing request and the one after closing went upstream"
+    );
+    let probe = mock
+        .requests()
+        .into_iter()
+        .find(|r| r["path"] == "/v1/models")
+        .unwrap();
+    assert_eq!(
+        recorded_header(&probe, "authorization"),
+        Some(format!("Bearer {UPSTREAM_KEY}").as_str())
+    );
+}
+
+#[test]
+fn targets_can_rename_the_model() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(
+        &[("p", mock.url(), "")],
+        "[ { provider: p, model: local-llama } ]",
+    ));
+    let r = chat(&gw, AGENT_KEY, &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["model"], "local-llama");
+    let renamed = CHAT.replace("gpt-4o-mini", "local-llama");
+    let seen = mock.last_request();
+    assert_eq!(seen["body_sha256"], sha256_hex(renamed.as_bytes()));
+    assert_eq!(
+        recorded_header(&seen, "content-length"),
+        Some(renamed.len().to_string().as_str())
+    );
+}
