@@ -195,6 +195,13 @@ impl Gateway {
     /// took one meanwhile.
     pub fn start(yaml: &str) -> Gateway {
         let dir = scratch_dir("gw");
+        // The admin listener tells us which process answers (its pid), so a
+        // port another test's gateway won meanwhile is never mistaken for ours.
+        let yaml = if yaml.contains("{ADMIN_PORT}") {
+            yaml.to_string()
+        } else {
+            format!("{yaml}\nadmin: {{ listen: \"127.0.0.1:{{ADMIN_PORT}}\" }}\n")
+        };
         for _ in 0..5 {
             let port = free_port();
             let admin_port = free_port();
@@ -213,12 +220,16 @@ impl Gateway {
                 .spawn()
                 .expect("start loopgate run");
             let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
             let deadline = Instant::now() + Duration::from_secs(20);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
                     break; // exited: port taken or bad config; retry or fail below
                 }
-                if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                if health_pid(admin) == Some(child.id())
+                    && TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok()
+                    && child.try_wait().ok().flatten().is_none()
+                {
                     return Gateway {
                         addr,
                         admin: ([127, 0, 0, 1], admin_port).into(),
@@ -269,6 +280,20 @@ pub fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     f()
+}
+
+/// The pid the admin `/health` at `admin` reports, if any answers.
+fn health_pid(admin: SocketAddr) -> Option<u32> {
+    use std::io::Read;
+    let mut s = TcpStream::connect_timeout(&admin, Duration::from_millis(100)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let body = out.split("\r\n\r\n").nth(1)?;
+    let v: Value = serde_json::from_str(body).ok()?;
+    v["pid"].as_u64().map(|p| p as u32)
 }
 
 /// A response as curl saw it.

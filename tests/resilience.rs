@@ -290,3 +290,38 @@ fn targets_can_rename_the_model() {
         Some(renamed.len().to_string().as_str())
     );
 }
+
+#[test]
+fn a_first_byte_timeout_falls_back() {
+    let slow = Mock::start_with(&["--latency-ms", "5000"]);
+    let healthy = Mock::start();
+    let gw = Gateway::start(&config(
+        &[("slow", slow.url(), ""), ("fast", healthy.url(), "")],
+        "[ { provider: slow, weight: 1000000 }, { provider: fast, weight: 1 } ]",
+    ));
+    let r = chat(&gw, AGENT_KEY, &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-provider"), Some("fast"));
+    assert_eq!(r.header("x-loopgate-fallback"), Some("slow"));
+}
+
+#[test]
+fn the_retry_budget_bounds_attempts() {
+    let mocks: Vec<Mock> = (0..3)
+        .map(|_| Mock::start_with(&["--status", "503"]))
+        .collect();
+    let mut yaml = config(
+        &[
+            ("m0", mocks[0].url(), ""),
+            ("m1", mocks[1].url(), ""),
+            ("m2", mocks[2].url(), ""),
+        ],
+        "[ { provider: m0 }, { provider: m1 }, { provider: m2 } ]",
+    );
+    yaml = yaml.replace("agents:\n", "    retry: { max_attempts: 2 }\nagents:\n");
+    let gw = Gateway::start(&yaml);
+    let r = chat(&gw, AGENT_KEY, &[]);
+    assert_eq!(r.status, 503, "the last provider's own answer");
+    let total: u64 = mocks.iter().map(received).sum();
+    assert_eq!(total, 2, "max_attempts: 2 allows two upstream calls in all");
+}

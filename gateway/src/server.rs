@@ -108,7 +108,10 @@ impl ServeHttp for Admin {
                 .unwrap_or_default();
         }
         let (status, body) = match path.as_str() {
-            "/health" => (200, serde_json::json!({"status": "ok"})),
+            "/health" => (
+                200,
+                serde_json::json!({"status": "ok", "pid": std::process::id()}),
+            ),
             "/ready" => {
                 let cfg = self.config.load();
                 let unresolved: Vec<&str> = cfg
