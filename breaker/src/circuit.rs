@@ -215,6 +215,16 @@ impl Breaker {
         self.state
     }
 
+    /// The state at `now` without applying the open -> half-open change, so
+    /// that the caller who acts on it (acquire) is the one to report it.
+    pub fn state_at(&self, now: Duration) -> State {
+        if self.state == State::Open && now >= self.open_until {
+            State::HalfOpen
+        } else {
+            self.state
+        }
+    }
+
     fn advance(&mut self, now: Duration) -> Option<Transition> {
         if self.state == State::Open && now >= self.open_until {
             self.state = State::HalfOpen;

@@ -80,10 +80,10 @@ impl BreakerSet {
         key: &str,
         now: Duration,
     ) -> Result<Option<(State, f64, Option<f64>)>, Unknown> {
-        let mut map = self.lock()?;
-        Ok(map.get_mut(key).map(|e| {
+        let map = self.lock()?;
+        Ok(map.get(key).map(|e| {
             (
-                e.breaker.state(now),
+                e.breaker.state_at(now),
                 e.health.error_rate(),
                 e.health.latency_ms(),
             )
@@ -207,6 +207,40 @@ mod tests {
         assert_eq!(
             set.reset("p:agent-a", now).unwrap().unwrap().to,
             State::Closed
+        );
+    }
+}
+
+#[cfg(test)]
+mod transition_tests {
+    use super::*;
+    use crate::circuit::FailureKind;
+
+    #[test]
+    fn acquire_reports_open_to_half_open() {
+        let set = BreakerSet::new();
+        let cfg = BreakerConfig {
+            consecutive_failures: 1,
+            open_for: Duration::from_secs(2),
+            ..BreakerConfig::default()
+        };
+        let (t, _) = set.acquire("p", &cfg, Duration::ZERO).unwrap();
+        set.record(
+            "p",
+            t.unwrap(),
+            Outcome::Failure(FailureKind::ServerError),
+            None,
+            Duration::ZERO,
+        )
+        .unwrap();
+        assert_eq!(
+            set.peek("p", Duration::from_secs(3)).unwrap().unwrap().0,
+            State::HalfOpen
+        );
+        let (_, tr) = set.acquire("p", &cfg, Duration::from_secs(3)).unwrap();
+        assert_eq!(
+            tr.map(|t| (t.from, t.to)),
+            Some((State::Open, State::HalfOpen))
         );
     }
 }
