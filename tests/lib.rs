@@ -19,6 +19,8 @@ pub const AGENT_KEY: &str = "test-agent-key-0001";
 pub const NARROW_KEY: &str = "test-narrow-key-0002";
 /// The provider credential the gateway injects.
 pub const UPSTREAM_KEY: &str = "sk-upstream-secret-42";
+/// The admin token, for configs with `token_env: LOOPGATE_TEST_ADMIN_TOKEN`.
+pub const ADMIN_TOKEN: &str = "adm-token-secret-77";
 /// `policy.max_body_bytes` in [`Gateway::start_default`].
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
 
@@ -59,6 +61,12 @@ pub fn free_port() -> u16 {
 
 /// A child process killed when dropped.
 pub struct Proc(Child);
+
+impl From<Child> for Proc {
+    fn from(c: Child) -> Proc {
+        Proc(c)
+    }
+}
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -214,6 +222,7 @@ impl Gateway {
                 .args(["run", "--config"])
                 .arg(&path)
                 .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+                .env("LOOPGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN)
                 .env("RUST_LOG", "warn")
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
@@ -355,6 +364,16 @@ pub fn curl(args: &[&str]) -> Resp {
             String::from_utf8_lossy(&out.stderr)
         )
     })
+}
+
+/// As [`curl`], but `None` when no response came (e.g. nothing listens yet).
+pub fn try_curl(args: &[&str]) -> Option<Resp> {
+    let out = Command::new("curl")
+        .args(["-s", "-i", "-m", "30"])
+        .args(args)
+        .output()
+        .ok()?;
+    parse_curl(&out.stdout)
 }
 
 /// As [`curl`], sending `body` on stdin (`--data-binary @-`).

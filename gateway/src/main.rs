@@ -4,6 +4,7 @@
 //! (digest an agent key for the config), `mock` (a local provider) and
 //! `demo` (mock plus gateway on loopback, ready to try).
 
+mod access_log;
 mod config;
 mod error;
 mod metrics;
@@ -88,6 +89,8 @@ struct FaultArgs {
 const DEMO_AGENT_KEY: &str = "demo-agent-key";
 /// The provider credential the demo injects (the mock records it).
 const DEMO_UPSTREAM_KEY_ENV: &str = "LOOPGATE_DEMO_UPSTREAM_KEY";
+/// The admin token the demo uses unless the environment sets one.
+const DEMO_ADMIN_TOKEN_ENV: &str = "LOOPGATE_ADMIN_TOKEN";
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
@@ -198,12 +201,14 @@ fn mock(listen: SocketAddr, threads: usize, faults: FaultArgs) -> ExitCode {
 }
 
 fn demo(path: &Path, mock_listen: SocketAddr) -> ExitCode {
-    let env = |name: &str| {
-        if name == DEMO_UPSTREAM_KEY_ENV {
+    let env = |name: &str| match name {
+        DEMO_UPSTREAM_KEY_ENV => {
             Some(std::env::var(name).unwrap_or_else(|_| "mock-upstream-secret".to_string()))
-        } else {
-            std::env::var(name).ok()
         }
+        DEMO_ADMIN_TOKEN_ENV => {
+            Some(std::env::var(name).unwrap_or_else(|_| "demo-admin-token".to_string()))
+        }
+        _ => std::env::var(name).ok(),
     };
     let cfg = match config::load_with_env(path, &env) {
         Ok(cfg) => cfg,
@@ -221,6 +226,9 @@ fn demo(path: &Path, mock_listen: SocketAddr) -> ExitCode {
         }
     };
     let gw = format!("http://{}", cfg.listen);
+    let admin = cfg
+        .admin_listen
+        .map_or_else(|| "(no admin listener)".to_string(), |a| a.to_string());
     println!(
         r#"
 Loopgate demo
@@ -246,6 +254,10 @@ Anthropic Messages, streaming:
 A denial (model not allowed for this agent), with its structured error:
   curl -si {gw}/v1/chat/completions -H 'Authorization: Bearer {DEMO_AGENT_KEY}' \
     -H 'content-type: application/json' -d '{{"model":"gpt-4o","messages":[]}}'
+
+Admin (metrics are open; the API needs the token):
+  curl -s http://{admin}/metrics | grep loopgate_requests_total
+  curl -s http://{admin}/admin/breakers -H 'Authorization: Bearer demo-admin-token'
 
 Python (pip install openai anthropic):
   from openai import OpenAI

@@ -1,45 +1,125 @@
 //! Prometheus metrics, served on the admin listener at `/metrics`.
 //!
-//! Label values are bounded: denial codes come from a fixed enum, results
-//! from a fixed set. (The full set of request metrics arrives with the
-//! observability work.)
+//! Every label value comes from a bounded set: agent, provider and route
+//! names from the config (or `-`), denial codes from a fixed enum, status
+//! classes, breaker keys (providers x agents). Request ids, raw paths and
+//! unrouted model names never become labels.
 
+use loopgate_breaker::{State, Transition};
 use loopgate_policy::DenyCode;
-use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 pub struct Metrics {
     registry: Registry,
+    pub requests: IntCounterVec,
     denials: IntCounterVec,
     would_deny: IntCounterVec,
+    pub limit_rejections: IntCounterVec,
+    pub duration: HistogramVec,
+    pub overhead: Histogram,
+    pub ttfb: HistogramVec,
+    pub active_streams: IntGauge,
+    breaker_state: IntGaugeVec,
+    breaker_transitions: IntCounterVec,
+    pub half_open_probes: IntCounterVec,
+    pub fallbacks: IntCounterVec,
+    pub retries: IntCounterVec,
+    pub tokens: IntCounterVec,
     reloads: IntCounterVec,
+    pub access_log_dropped: IntCounter,
 }
+
+/// Latency buckets from 100 us to 5 min: gateway overhead is microseconds,
+/// model calls are seconds to minutes.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+const OVERHEAD_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1,
+];
 
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
-        };
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m.expect("valid metric");
+                registry
+                    .register(Box::new(m.clone()))
+                    .expect("unique metric");
+                m
+            }};
+        }
+        let counter = |name: &str, help: &str| Opts::new(name, help);
         let m = Metrics {
-            denials: counter(
-                "loopgate_denials_total",
-                "Requests Loopgate refused, by denial code.",
-                &["code"],
-            ),
-            would_deny: counter(
-                "loopgate_would_deny_total",
-                "Requests a dry-run rule would have refused, by denial code.",
-                &["code"],
-            ),
-            reloads: counter(
-                "loopgate_config_reloads_total",
-                "Config reloads by result (ok, error).",
-                &["result"],
-            ),
+            requests: reg!(IntCounterVec::new(
+                counter("loopgate_requests_total", "Requests by agent, provider, routed model, status class and decision (allow, deny, error)."),
+                &["agent", "provider", "model", "status_class", "decision"]
+            )),
+            denials: reg!(IntCounterVec::new(
+                counter("loopgate_denials_total", "Requests Loopgate refused or failed, by code."),
+                &["code"]
+            )),
+            would_deny: reg!(IntCounterVec::new(
+                counter("loopgate_would_deny_total", "Requests a dry-run rule would have refused, by code."),
+                &["code"]
+            )),
+            limit_rejections: reg!(IntCounterVec::new(
+                counter("loopgate_limit_rejections_total", "Rate-limit, in-flight and budget rejections by agent."),
+                &["agent", "code"]
+            )),
+            duration: reg!(HistogramVec::new(
+                HistogramOpts::new("loopgate_request_duration_seconds", "Whole request time, by provider.")
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+                &["provider"]
+            )),
+            overhead: reg!(Histogram::with_opts(
+                HistogramOpts::new("loopgate_gateway_overhead_seconds", "Time spent in Loopgate, upstream time excluded.")
+                    .buckets(OVERHEAD_BUCKETS.to_vec())
+            )),
+            ttfb: reg!(HistogramVec::new(
+                HistogramOpts::new("loopgate_upstream_ttfb_seconds", "Upstream time to the response header, by provider.")
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+                &["provider"]
+            )),
+            active_streams: reg!(IntGauge::new("loopgate_active_streams", "Event streams being relayed now.")),
+            breaker_state: reg!(IntGaugeVec::new(
+                counter("loopgate_breaker_state", "Breaker state by key: 0 closed, 1 open, 2 half-open."),
+                &["key"]
+            )),
+            breaker_transitions: reg!(IntCounterVec::new(
+                counter("loopgate_breaker_transitions_total", "Breaker state changes."),
+                &["key", "from", "to"]
+            )),
+            half_open_probes: reg!(IntCounterVec::new(
+                counter("loopgate_half_open_probes_total", "Half-open probes sent (live or active), by key."),
+                &["key"]
+            )),
+            fallbacks: reg!(IntCounterVec::new(
+                counter("loopgate_fallbacks_total", "Responses served by a fallback target."),
+                &["from", "to"]
+            )),
+            retries: reg!(IntCounterVec::new(
+                counter("loopgate_retries_total", "Upstream attempts after the first, by provider tried."),
+                &["provider"]
+            )),
+            tokens: reg!(IntCounterVec::new(
+                counter("loopgate_tokens_total", "Tokens the providers reported, by agent, routed model and kind (prompt, completion)."),
+                &["agent", "model", "kind"]
+            )),
+            reloads: reg!(IntCounterVec::new(
+                counter("loopgate_config_reloads_total", "Config reloads by result (ok, error)."),
+                &["result"]
+            )),
+            access_log_dropped: reg!(IntCounter::new(
+                "loopgate_access_log_dropped_total",
+                "Access-log lines dropped because the writer fell behind (the proxy never waits for it)."
+            )),
             registry,
         };
         // Every code is visible from the start, at zero.
@@ -62,6 +142,21 @@ impl Metrics {
         self.reloads
             .with_label_values(&[if ok { "ok" } else { "error" }])
             .inc();
+    }
+
+    /// Logs and counts a breaker state change.
+    pub fn transition(&self, key: &str, t: &Transition) {
+        log::info!("breaker `{key}`: {t}");
+        self.breaker_transitions
+            .with_label_values(&[key, t.from.as_str(), t.to.as_str()])
+            .inc();
+        self.breaker_state
+            .with_label_values(&[key])
+            .set(match t.to {
+                State::Closed => 0,
+                State::Open => 1,
+                State::HalfOpen => 2,
+            });
     }
 
     /// The Prometheus text exposition.

@@ -6,6 +6,7 @@
 
 use crate::config::runtime::Provider;
 use crate::config::{Config, ProviderKind};
+use crate::metrics::Metrics;
 use arc_swap::ArcSwap;
 use loopgate_breaker::{BreakerSet, FailureKind, Outcome};
 use loopgate_policy::Clock;
@@ -17,7 +18,12 @@ use std::time::Duration;
 
 const TICK: Duration = Duration::from_millis(250);
 
-pub fn spawn(config: Arc<ArcSwap<Config>>, breakers: Arc<BreakerSet>, clock: Arc<dyn Clock>) {
+pub fn spawn(
+    config: Arc<ArcSwap<Config>>,
+    breakers: Arc<BreakerSet>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+) {
     let _ = std::thread::Builder::new()
         .name("loopgate-probe".into())
         .spawn(move || {
@@ -37,8 +43,9 @@ pub fn spawn(config: Arc<ArcSwap<Config>>, breakers: Arc<BreakerSet>, clock: Arc
                     tokio::time::sleep(TICK).await;
                     for (key, ticket, opened) in breakers.due_probes(clock.now()) {
                         if let Some(t) = opened {
-                            log::info!("breaker `{key}`: {t}");
+                            metrics.transition(&key, &t);
                         }
+                        metrics.half_open_probes.with_label_values(&[&key]).inc();
                         let cfg = config.load();
                         // Keys are `provider` or `provider/agent`.
                         let name = key.split('/').next().unwrap_or(&key);
@@ -51,7 +58,7 @@ pub fn spawn(config: Arc<ArcSwap<Config>>, breakers: Arc<BreakerSet>, clock: Arc
                         if let Ok(Some(t)) =
                             breakers.record(&key, ticket, outcome, None, clock.now())
                         {
-                            log::info!("breaker `{key}`: {t}");
+                            metrics.transition(&key, &t);
                         }
                     }
                 }

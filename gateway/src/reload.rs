@@ -62,6 +62,15 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
 
 /// Loads `path` and swaps it in if valid. Returns whether it was swapped.
 pub fn reload(path: &Path, current: &ArcSwap<Config>, metrics: &Metrics) -> bool {
+    try_reload(path, current, metrics).is_ok()
+}
+
+/// As [`reload`], returning the errors (`FILE: path: why`) of a bad file.
+pub fn try_reload(
+    path: &Path,
+    current: &ArcSwap<Config>,
+    metrics: &Metrics,
+) -> Result<(), Vec<String>> {
     match config::load(path) {
         Ok(new) => {
             let old = current.load();
@@ -98,14 +107,14 @@ pub fn reload(path: &Path, current: &ArcSwap<Config>, metrics: &Metrics) -> bool
             );
             current.store(Arc::new(new));
             metrics.reload(true);
-            true
+            Ok(())
         }
         Err(errs) => {
             for e in &errs.0 {
                 log::error!("config reload failed, keeping the running config: {e}");
             }
             metrics.reload(false);
-            false
+            Err(errs.0.iter().map(|e| e.to_string()).collect())
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Assembles the Pingora server: the proxy service on `listen`, the admin
 //! listener, and the background DNS refresher.
 
+use crate::access_log::AccessLog;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::probe;
@@ -31,11 +32,27 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
     let config = Arc::new(ArcSwap::from_pointee(cfg));
     start_dns_refresher(config.clone());
     let metrics = Arc::new(Metrics::new());
+    let reload_path = path.clone();
     reload::spawn(path, config.clone(), metrics.clone());
     let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::default());
     let breakers = Arc::new(BreakerSet::new());
-    probe::spawn(config.clone(), breakers.clone(), clock.clone());
+    probe::spawn(
+        config.clone(),
+        breakers.clone(),
+        clock.clone(),
+        metrics.clone(),
+    );
+    let access_log = {
+        let target = config.load().access_log.clone();
+        match AccessLog::start(&target, metrics.clone()) {
+            Ok(log) => Arc::new(log),
+            Err(e) => {
+                eprintln!("access log {target:?}: {e}");
+                std::process::exit(2);
+            }
+        }
+    };
 
     let conf = ServerConf {
         threads,
@@ -50,7 +67,14 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
 
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(config.clone(), store, clock, metrics.clone(), breakers),
+        Gateway::new(
+            config.clone(),
+            store,
+            clock.clone(),
+            metrics.clone(),
+            breakers.clone(),
+            access_log,
+        ),
         "loopgate proxy",
     );
     proxy.add_tcp(&listen.to_string());
@@ -58,7 +82,14 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
     server.add_service(proxy);
 
     if let Some(admin) = admin {
-        let mut svc = Service::new("loopgate admin".to_string(), Admin { config, metrics });
+        let admin_app = Admin {
+            config,
+            metrics,
+            breakers,
+            clock,
+            path: reload_path,
+        };
+        let mut svc = Service::new("loopgate admin".to_string(), admin_app);
         svc.add_tcp(&admin.to_string());
         svc.threads = Some(1);
         server.add_service(svc);
@@ -88,32 +119,89 @@ fn start_dns_refresher(config: Arc<ArcSwap<Config>>) {
         .ok();
 }
 
-/// The admin listener. For now: liveness, readiness and metrics.
+/// The admin listener: health, readiness, metrics, and the authenticated
+/// `/admin/*` API. Never served on the proxy port.
 struct Admin {
     config: Arc<ArcSwap<Config>>,
     metrics: Arc<Metrics>,
+    breakers: Arc<BreakerSet>,
+    clock: Arc<dyn Clock>,
+    path: PathBuf,
+}
+
+impl Admin {
+    fn authorized(&self, session: &ServerSession, cfg: &Config) -> bool {
+        let Some(token) = &cfg.admin_token else {
+            return false;
+        };
+        let presented = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        use subtle::ConstantTimeEq;
+        // Compare digests so the comparison time does not depend on lengths.
+        let a = loopgate_policy::hash_key(presented.as_bytes()).to_hex();
+        let b = loopgate_policy::hash_key(token.expose().as_bytes()).to_hex();
+        bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+    }
+
+    fn breakers_json(&self) -> Option<serde_json::Value> {
+        let snaps = self.breakers.snapshots(self.clock.now()).ok()?;
+        Some(serde_json::json!({
+            "breakers": snaps.iter().map(|(key, s)| serde_json::json!({
+                "key": key,
+                "state": s.state.as_str(),
+                "consecutive_failures": s.consecutive_failures,
+                "window_requests": s.window_requests,
+                "window_failures": s.window_failures,
+                "window_timeouts": s.window_timeouts,
+                "open_remaining_ms": s.open_remaining.map(|d| d.as_millis() as u64),
+                "trips": s.trips,
+            })).collect::<Vec<_>>()
+        }))
+    }
+}
+
+fn json_response(status: u16, body: &serde_json::Value) -> http::Response<Vec<u8>> {
+    let body = serde_json::to_vec(body).unwrap_or_default();
+    http::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("content-length", body.len())
+        .body(body)
+        .unwrap_or_default()
 }
 
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> http::Response<Vec<u8>> {
+        let cfg = self.config.load_full();
+        let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
-        if path == "/metrics" {
-            let body = self.metrics.render();
-            return http::Response::builder()
-                .status(200)
-                .header("content-type", "text/plain; version=0.0.4")
-                .header("content-length", body.len())
-                .body(body)
-                .unwrap_or_default();
+        let public = match path.as_str() {
+            "/health" => Some("health"),
+            "/ready" => Some("ready"),
+            "/metrics" => Some("metrics"),
+            _ => None,
+        };
+        let open = public.is_some_and(|p| cfg.admin_open.iter().any(|o| o == p));
+        if !open && !self.authorized(session, &cfg) {
+            return json_response(
+                401,
+                &serde_json::json!({"error": {"code": "unauthorized", "message": "admin token required (Authorization: Bearer <token>)"}}),
+            );
         }
-        let (status, body) = match path.as_str() {
-            "/health" => (
+        let get = method == http::Method::GET;
+        let post = method == http::Method::POST;
+        match (path.as_str(), get, post) {
+            ("/health", true, _) => json_response(
                 200,
-                serde_json::json!({"status": "ok", "pid": std::process::id()}),
+                &serde_json::json!({"status": "ok", "pid": std::process::id()}),
             ),
-            "/ready" => {
-                let cfg = self.config.load();
+            ("/ready", true, _) => {
                 let unresolved: Vec<&str> = cfg
                     .providers
                     .iter()
@@ -121,22 +209,110 @@ impl ServeHttp for Admin {
                     .map(|p| p.name.as_str())
                     .collect();
                 if unresolved.is_empty() {
-                    (200, serde_json::json!({"status": "ready"}))
+                    json_response(200, &serde_json::json!({"status": "ready"}))
                 } else {
-                    (
+                    json_response(
                         503,
-                        serde_json::json!({"status": "not_ready", "unresolved_providers": unresolved}),
+                        &serde_json::json!({"status": "not_ready", "unresolved_providers": unresolved}),
                     )
                 }
             }
-            _ => (404, serde_json::json!({"error": "not found"})),
-        };
-        let body = serde_json::to_vec(&body).unwrap_or_default();
-        http::Response::builder()
-            .status(status)
-            .header("content-type", "application/json")
-            .header("content-length", body.len())
-            .body(body)
-            .unwrap_or_default()
+            ("/metrics", true, _) => {
+                let body = self.metrics.render();
+                http::Response::builder()
+                    .status(200)
+                    .header("content-type", "text/plain; version=0.0.4")
+                    .header("content-length", body.len())
+                    .body(body)
+                    .unwrap_or_default()
+            }
+            ("/admin/breakers", true, _) => match self.breakers_json() {
+                Some(v) => json_response(200, &v),
+                None => json_response(
+                    503,
+                    &serde_json::json!({"error": {"code": "breaker_unavailable"}}),
+                ),
+            },
+            ("/admin/config", true, _) => json_response(200, &cfg.redacted_json()),
+            ("/admin/reload", _, true) => {
+                match reload::try_reload(&self.path, &self.config, &self.metrics) {
+                    Ok(()) => json_response(200, &serde_json::json!({"ok": true})),
+                    Err(errors) => {
+                        json_response(422, &serde_json::json!({"ok": false, "errors": errors}))
+                    }
+                }
+            }
+            (p, _, true) if p.starts_with("/admin/breakers/") && p.ends_with("/reset") => {
+                let key = &p["/admin/breakers/".len()..p.len() - "/reset".len()];
+                let key = percent_decode(key);
+                match self.breakers.reset(&key, self.clock.now()) {
+                    Ok(t) => {
+                        if let Some(t) = &t {
+                            self.metrics.transition(&key, t);
+                        }
+                        let known = self
+                            .breakers
+                            .snapshots(self.clock.now())
+                            .map(|v| v.iter().any(|(k, _)| *k == key))
+                            .unwrap_or(false);
+                        if known {
+                            json_response(200, &serde_json::json!({"key": key, "state": "closed"}))
+                        } else {
+                            json_response(
+                                404,
+                                &serde_json::json!({"error": {"code": "not_found", "message": "no breaker with that key"}}),
+                            )
+                        }
+                    }
+                    Err(_) => json_response(
+                        503,
+                        &serde_json::json!({"error": {"code": "breaker_unavailable"}}),
+                    ),
+                }
+            }
+            ("/health" | "/ready" | "/metrics" | "/admin/breakers" | "/admin/config", false, _)
+            | ("/admin/reload", _, false) => json_response(
+                405,
+                &serde_json::json!({"error": {"code": "method_not_allowed"}}),
+            ),
+            _ => json_response(404, &serde_json::json!({"error": {"code": "not_found"}})),
+        }
+    }
+}
+
+/// Decodes `%2F`-style escapes in a breaker key (`provider/agent`).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = (b[i] == b'%')
+            .then(|| s.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(v) => {
+                out.push(v);
+                i += 3;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn breaker_keys_decode() {
+        assert_eq!(percent_decode("oa%2Fagent-a"), "oa/agent-a");
+        assert_eq!(percent_decode("plain"), "plain");
+        assert_eq!(percent_decode("bad%2"), "bad%2");
+        assert_eq!(percent_decode("%zz%"), "%zz%");
     }
 }

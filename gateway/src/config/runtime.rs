@@ -3,6 +3,7 @@
 
 use super::spec::{self, ConfigSpec, ProviderKind};
 use super::{ConfigError, ConfigErrors};
+pub use crate::access_log::Target as AccessTarget;
 use crate::secret::Secret;
 use arc_swap::ArcSwapOption;
 use loopgate_breaker::BreakerConfig;
@@ -27,11 +28,106 @@ pub struct Config {
     pub listen: SocketAddr,
     pub threads: usize,
     pub admin_listen: Option<SocketAddr>,
+    pub admin_token: Option<Secret>,
+    /// Admin endpoints served without the token (`health`, `ready`, `metrics`).
+    pub admin_open: Vec<String>,
+    pub access_log: AccessTarget,
     pub providers: Vec<Arc<Provider>>,
     pub routes: Routes,
     pub agents: Vec<Arc<AgentRules>>,
     pub keys: KeyIndex<usize>,
     pub max_body_bytes: u64,
+}
+
+impl Config {
+    /// The running config as JSON for the admin API, every secret redacted:
+    /// provider keys, the admin token and agent key digests never appear.
+    pub fn redacted_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let ms = |d: Duration| d.as_millis() as u64;
+        let providers: Vec<_> = self
+            .providers
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.name,
+                    "kind": format!("{:?}", p.kind).to_lowercase(),
+                    "base_url": format!("{}://{}{}", if p.tls { "https" } else { "http" }, p.authority, p.base_path),
+                    "api_key": p.api_key.as_ref().map(|_| "[redacted]"),
+                    "timeouts": {"connect_ms": ms(p.timeouts.connect), "read_ms": ms(p.timeouts.read), "total_ms": ms(p.timeouts.total)},
+                    "breaker": {
+                        "consecutive_failures": p.breaker.consecutive_failures,
+                        "failure_rate": p.breaker.failure_rate,
+                        "timeout_rate": p.breaker.timeout_rate,
+                        "min_requests": p.breaker.min_requests,
+                        "window_ms": ms(p.breaker.window),
+                        "open_ms": ms(p.breaker.open_for),
+                        "max_open_ms": ms(p.breaker.max_open_for),
+                        "half_open_probes": p.breaker.half_open_probes,
+                        "isolate_by": if p.isolate_by_agent { "agent" } else { "none" },
+                        "probe": p.probe.as_ref().map(|pr| format!("{} {}", pr.method, pr.path)),
+                    },
+                })
+            })
+            .collect();
+        let routes: Vec<_> = self
+            .routes
+            .names()
+            .filter_map(|name| {
+                let key = name.trim_end_matches('*');
+                let (_, r) = self.routes.find(key)?;
+                Some(json!({
+                    "model": name,
+                    "targets": r.targets.iter().map(|t| json!({
+                        "provider": t.provider.name, "weight": t.weight, "model": t.model,
+                    })).collect::<Vec<_>>(),
+                    "max_attempts": r.max_attempts,
+                    "max_total_ms": ms(r.max_total),
+                }))
+            })
+            .collect();
+        let agents: Vec<_> = self
+            .agents
+            .iter()
+            .map(|a| {
+                json!({
+                    "name": a.name.as_ref(),
+                    "key_sha256": "[redacted]",
+                    "models": format!("{:?}", a.models.patterns()),
+                    "paths": a.paths.as_ref().map(|p| {
+                        let mut v: Vec<_> = p.iter().map(|e| e.path()).collect();
+                        v.sort();
+                        v
+                    }),
+                    "tools": a.tools.as_ref().map(|t| format!("{:?}", t.patterns())),
+                    "mode": format!("{:?}", a.mode).to_lowercase(),
+                    "max_body_bytes": a.max_body_bytes,
+                    "max_tokens": a.max_tokens,
+                    "max_messages": a.max_messages,
+                    "required_headers": a.required_headers,
+                    "blocked_phrases": a.phrases.as_ref().map(|p| p.len()),
+                    "requests_per_minute": a.limits.requests_per_minute,
+                    "tokens_per_minute": a.limits.tokens_per_minute,
+                    "max_in_flight": a.limits.max_in_flight,
+                })
+            })
+            .collect();
+        json!({
+            "file": self.file,
+            "listen": self.listen.to_string(),
+            "threads": self.threads,
+            "admin": {
+                "listen": self.admin_listen.map(|a| a.to_string()),
+                "token": self.admin_token.as_ref().map(|_| "[redacted]"),
+                "open": self.admin_open,
+            },
+            "access_log": format!("{:?}", self.access_log),
+            "max_body_bytes": self.max_body_bytes,
+            "providers": providers,
+            "routes": routes,
+            "agents": agents,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -124,23 +220,27 @@ pub struct Probe {
 #[derive(Debug, Default)]
 pub struct Routes {
     exact: HashMap<String, Arc<Route>>,
-    prefixes: Vec<(String, Arc<Route>)>,
+    /// (prefix, its `prefix*` label, route)
+    prefixes: Vec<(String, Arc<str>, Arc<Route>)>,
 }
 
 impl Routes {
-    pub fn find(&self, model: &str) -> Option<&Arc<Route>> {
-        self.exact.get(model).or_else(|| {
-            self.prefixes
-                .iter()
-                .find(|(p, _)| model.starts_with(p.as_str()))
-                .map(|(_, r)| r)
-        })
+    /// The route for `model`, with the config's name for it (the model
+    /// itself, or the `prefix*` that matched): a bounded metrics label.
+    pub fn find(&self, model: &str) -> Option<(&str, &Arc<Route>)> {
+        if let Some((name, r)) = self.exact.get_key_value(model) {
+            return Some((name.as_str(), r));
+        }
+        self.prefixes
+            .iter()
+            .find(|(p, _, _)| model.starts_with(p.as_str()))
+            .map(|(_, label, r)| (label.as_ref(), r))
     }
 
     /// The model names (and `prefix*` forms) with a route.
     pub fn names(&self) -> impl Iterator<Item = String> + '_ {
         let mut v: Vec<String> = self.exact.keys().cloned().collect();
-        v.extend(self.prefixes.iter().map(|(p, _)| format!("{p}*")));
+        v.extend(self.prefixes.iter().map(|(_, label, _)| label.to_string()));
         v.sort();
         v.into_iter()
     }
@@ -177,6 +277,47 @@ pub fn build(
         .admin
         .as_ref()
         .and_then(|a| parse_addr(&mut errs, "admin.listen", &a.listen));
+    let admin_token = spec
+        .admin
+        .as_ref()
+        .and_then(|a| a.token_env.as_ref())
+        .and_then(|var| match env(var) {
+            Some(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_string())),
+            _ => {
+                errs.push(
+                    "admin.token_env",
+                    format!("environment variable {var} is not set or empty"),
+                );
+                None
+            }
+        });
+    let admin_open = match spec.admin.as_ref().and_then(|a| a.open.clone()) {
+        None => vec!["health".into(), "ready".into(), "metrics".into()],
+        Some(list) => {
+            for (i, e) in list.iter().enumerate() {
+                if !matches!(e.as_str(), "health" | "ready" | "metrics") {
+                    errs.push(
+                        format!("admin.open[{i}]"),
+                        format!("`{e}` cannot be opened (one of: health, ready, metrics)"),
+                    );
+                }
+            }
+            list
+        }
+    };
+    let access_log = match spec.access_log.as_ref().map(|a| a.path.as_str()) {
+        None | Some("stdout") => AccessTarget::Stdout,
+        Some("stderr") => AccessTarget::Stderr,
+        Some("off") => AccessTarget::Off,
+        Some("") => {
+            errs.push(
+                "access_log.path",
+                "must be stdout, stderr, off or a file path",
+            );
+            AccessTarget::Off
+        }
+        Some(path) => AccessTarget::File(path.to_string()),
+    };
     let threads = match spec.threads {
         Some(0) => {
             errs.push("threads", "must be at least 1");
@@ -279,7 +420,10 @@ pub fn build(
                 Ok(NamePattern::Exact(name)) => {
                     routes.exact.insert(name, route.clone());
                 }
-                Ok(NamePattern::Prefix(p)) => routes.prefixes.push((p, route.clone())),
+                Ok(NamePattern::Prefix(p)) => {
+                    let label: Arc<str> = Arc::from(format!("{p}*"));
+                    routes.prefixes.push((p, label, route.clone()))
+                }
                 Err(why) => errs.push(path, why),
             }
         }
@@ -435,6 +579,9 @@ pub fn build(
         listen: listen.expect("validated"),
         threads,
         admin_listen,
+        admin_token,
+        admin_open,
+        access_log,
         providers,
         routes,
         agents,
@@ -810,8 +957,11 @@ agents:
         let oa = c.providers.iter().find(|p| p.name == "oa").unwrap();
         assert!(oa.tls && oa.port == 443 && oa.needs_dns());
         assert_eq!(oa.api_key.as_ref().unwrap().expose(), "sk-test");
-        assert!(c.routes.find("gpt-4o").is_some());
-        assert!(c.routes.find("gpt-4o-mini-2024").is_some());
+        assert_eq!(c.routes.find("gpt-4o").map(|r| r.0), Some("gpt-4o"));
+        assert_eq!(
+            c.routes.find("gpt-4o-mini-2024").map(|r| r.0),
+            Some("gpt-4o-mini*")
+        );
         assert!(c.routes.find("gpt-4o-2024").is_none());
         assert_eq!(c.keys.lookup(b"abc"), Some(&0));
     }
@@ -823,12 +973,12 @@ agents:
             "targets: [ { provider: oa, weight: 3 }, { provider: local, model: llama3.1 } ]\n    retry: { max_attempts: 3, max_total_ms: 5000 }",
         ))
         .unwrap();
-        let r = c.routes.find("gpt-4o").unwrap();
+        let r = c.routes.find("gpt-4o").unwrap().1;
         assert_eq!((r.max_attempts, r.max_total), (3, Duration::from_secs(5)));
         assert_eq!(r.targets[1].model.as_deref(), Some("llama3.1"));
         let c = build_str(GOOD).unwrap();
         assert_eq!(
-            c.routes.find("gpt-4o").unwrap().max_attempts,
+            c.routes.find("gpt-4o").unwrap().1.max_attempts,
             2,
             "default: one per target"
         );

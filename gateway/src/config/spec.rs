@@ -17,6 +17,8 @@ pub struct ConfigSpec {
     pub threads: Option<usize>,
     #[serde(default)]
     pub admin: Option<AdminSpec>,
+    #[serde(default)]
+    pub access_log: Option<AccessLogSpec>,
     pub providers: BTreeMap<String, ProviderSpec>,
     #[serde(default)]
     pub routes: Vec<RouteSpec>,
@@ -29,9 +31,24 @@ pub struct ConfigSpec {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminSpec {
-    /// Admin listener (health and readiness now; metrics and the admin API
-    /// later). Loopback by default.
+    /// Admin listener: `/health`, `/ready`, `/metrics` and `/admin/*`.
+    /// Keep it on loopback or a private network.
     pub listen: String,
+    /// Environment variable holding the admin token (`Authorization:
+    /// Bearer <token>`). Without it the `/admin/*` API answers 401 to all.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// Endpoints served without the token. Default `[health, ready, metrics]`;
+    /// `[]` puts all three behind the token too.
+    #[serde(default)]
+    pub open: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogSpec {
+    /// `stdout` (default), `stderr`, `off`, or a file path (appended to).
+    pub path: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

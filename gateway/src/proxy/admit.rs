@@ -191,7 +191,7 @@ pub async fn admit(
     let body = read_body(session, rules.max_body_bytes, linger).await?;
     let facts = inspect_body(endpoint, &body, rules.phrases.as_deref())?;
     rules.check_body(&facts, &mut verdict)?;
-    let route = cfg.routes.find(&facts.model).ok_or_else(|| {
+    let (route_name, route) = cfg.routes.find(&facts.model).ok_or_else(|| {
         Deny::new(
             DenyCode::UnknownModel,
             format!("no route for model `{}`", truncate(&facts.model, 200)),
@@ -214,11 +214,10 @@ pub async fn admit(
         Arc::new(Admission {
             request_id: request_id.to_string(),
             agent: rules.name.clone(),
-            endpoint,
             model: facts.model,
+            route_name: Arc::from(route_name),
             route: route.clone(),
             stream: facts.stream,
-            body_len: body.len(),
             would_deny: verdict.would_deny.map(|d| d.code),
         }),
         body,

@@ -4,7 +4,7 @@
 use super::routing::Picked;
 use crate::config::runtime::Route;
 use crate::error::GatewayError;
-use loopgate_policy::{DenyCode, Endpoint, Lease, Usage, UsageScanner};
+use loopgate_policy::{DenyCode, Lease, Usage, UsageScanner};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,11 +14,11 @@ use std::time::Instant;
 pub struct Admission {
     pub request_id: String,
     pub agent: Arc<str>,
-    pub endpoint: Endpoint,
     pub model: String,
+    /// The config's name for the route (a bounded metrics label).
+    pub route_name: Arc<str>,
     pub route: Arc<Route>,
     pub stream: bool,
-    pub body_len: usize,
     /// A dry-run rule would have denied this request with this code.
     pub would_deny: Option<DenyCode>,
 }
@@ -34,6 +34,19 @@ pub struct RequestCtx {
     pub is_subrequest: bool,
     /// A large body was forwarded through a subrequest; its hooks did the proxying.
     pub forwarded_by_subrequest: bool,
+    /// When the first upstream request went out and the last response byte came.
+    pub upstream_first_at: Option<Instant>,
+    pub upstream_done_at: Option<Instant>,
+    /// Time to the response header of the attempt that served.
+    pub ttfb: Option<std::time::Duration>,
+    /// Breaker key of the last attempt.
+    pub breaker_key: Option<String>,
+    /// Request body bytes (as judged).
+    pub bytes_in: usize,
+    /// An event stream is being relayed (counted in `loopgate_active_streams`).
+    pub streaming: bool,
+    /// Large-body subrequest: where it reports the exchange to its main request.
+    pub report: Option<Arc<std::sync::Mutex<Option<SubReport>>>>,
     /// The attempt under way: its target and breaker ticket, until its
     /// outcome is reported.
     pub attempt: Option<Attempt>,
@@ -85,6 +98,13 @@ impl RequestCtx {
             admitted: None,
             is_subrequest: false,
             forwarded_by_subrequest: false,
+            upstream_first_at: None,
+            upstream_done_at: None,
+            ttfb: None,
+            breaker_key: None,
+            bytes_in: 0,
+            streaming: false,
+            report: None,
             attempt: None,
             tried: Vec::new(),
             attempts: 0,
@@ -109,6 +129,21 @@ impl RequestCtx {
             tpm_key: None,
         }
     }
+}
+
+/// What a large-body subrequest learned about the upstream exchange, for
+/// its main request's access log, metrics and limit settlement.
+#[derive(Debug, Default, Clone)]
+pub struct SubReport {
+    pub served_by: Option<Arc<str>>,
+    pub fallback_from: Option<Arc<str>>,
+    pub upstream_status: Option<u16>,
+    pub ttfb: Option<std::time::Duration>,
+    pub upstream_time: Option<std::time::Duration>,
+    pub attempts: u32,
+    pub usage: Option<Usage>,
+    pub breaker_key: Option<String>,
+    pub error_code: Option<&'static str>,
 }
 
 /// One attempt at an upstream.

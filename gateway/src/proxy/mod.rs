@@ -22,11 +22,14 @@
 mod admit;
 mod ctx;
 mod ids;
+mod observe;
 mod respond;
 mod routing;
 
+use ctx::SubReport;
 pub use ctx::{Admission, RequestCtx};
 
+use crate::access_log::AccessLog;
 use crate::config::{Config, ProviderKind};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -36,10 +39,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use ctx::Attempt;
 use ids::RequestIds;
-use loopgate_breaker::{BreakerSet, FailureKind, Outcome, State, Transition};
+use loopgate_breaker::{BreakerSet, FailureKind, Outcome, State};
 use loopgate_policy::{replace_model, Clock, StateStore, UsageScanner};
 use pingora::http::{RequestHeader, ResponseHeader};
-use pingora::protocols::http::HttpTask;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType};
 use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
@@ -61,6 +63,7 @@ pub struct Gateway {
     metrics: Arc<Metrics>,
     /// Circuit breakers by key; like the store, they outlive reloads.
     breakers: Arc<BreakerSet>,
+    access_log: Arc<AccessLog>,
 }
 
 impl Gateway {
@@ -70,6 +73,7 @@ impl Gateway {
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
         breakers: Arc<BreakerSet>,
+        access_log: Arc<AccessLog>,
     ) -> Self {
         Gateway {
             config,
@@ -78,6 +82,7 @@ impl Gateway {
             clock,
             metrics,
             breakers,
+            access_log,
         }
     }
 
@@ -101,7 +106,7 @@ impl Gateway {
                 self.clock.now(),
             );
             if let Ok(Some(t)) = recorded {
-                log_transition(&att.picked.key, &t);
+                self.metrics.transition(&att.picked.key, &t);
             }
         }
         ctx.last_failure = Some(error);
@@ -119,7 +124,7 @@ impl Gateway {
                 self.clock.now(),
             );
             if let Ok(Some(t)) = recorded {
-                log_transition(&att.picked.key, &t);
+                self.metrics.transition(&att.picked.key, &t);
             }
         }
     }
@@ -187,6 +192,7 @@ impl Gateway {
                 Ok(true)
             }
             Admitted::Forward(admission, body, lease) => {
+                ctx.bytes_in = body.len();
                 if let Some(code) = admission.would_deny {
                     self.metrics.would_deny(code);
                 }
@@ -233,45 +239,27 @@ impl Gateway {
             .headers
             .get(http::header::CONTENT_TYPE)
             .cloned();
+        let report = Arc::new(std::sync::Mutex::new(None));
         let sub_ctx = SubrequestCtx::builder()
             .body_mode(BodyMode::NoBody)
             .user_ctx(Box::new(LargeBody {
                 admission,
                 body,
                 content_type: request_type,
+                report: report.clone(),
             }))
             .build();
         let (prepared, handle) = spawner.create_subrequest(session.as_downstream(), sub_ctx);
         ctx.forwarded_by_subrequest = true;
-        // The main request's body filters do not see piped tasks; read the
-        // usage here instead, without altering what is forwarded.
-        let mut scanner: Option<UsageScanner> = None;
-        let wants_usage = ctx.tpm_key.is_some();
         let piped = pipe_subrequest(
             session,
             prepared,
             handle,
-            |task| {
-                if wants_usage {
-                    match &task {
-                        HttpTask::Header(resp, _) => {
-                            scanner = Some(UsageScanner::for_content_type(content_type(resp)));
-                        }
-                        HttpTask::Body(Some(bytes), _) => {
-                            if let Some(s) = scanner.as_mut() {
-                                s.feed(bytes);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                Ok(Some(task))
-            },
+            |task| Ok(Some(task)),
             InputBodyType::Preset(InputBody::NoBody),
         )
         .await;
-        ctx.usage = scanner.as_mut().and_then(UsageScanner::finish);
-        match piped {
+        let outcome = match piped {
             Ok(mut state) => {
                 if let Some(join) = state.join_handle.take() {
                     let _ = join.await;
@@ -292,7 +280,26 @@ impl Gateway {
                     Err(map_transport_error(&err.error, &admission_provider(ctx)))
                 }
             }
+        };
+        // What the subrequest learned belongs to this request's log and limits.
+        let sub = report.lock().ok().and_then(|mut r| r.take());
+        if let Some(r) = sub {
+            ctx.served_by = r.served_by;
+            ctx.fallback_from = r.fallback_from;
+            ctx.upstream_status = r.upstream_status;
+            ctx.ttfb = r.ttfb;
+            ctx.attempts = r.attempts;
+            ctx.usage = r.usage;
+            ctx.breaker_key = r.breaker_key;
+            if ctx.error_code.is_none() {
+                ctx.error_code = r.error_code;
+            }
+            if let Some(t) = r.upstream_time {
+                ctx.upstream_first_at = Some(Instant::now() - t);
+                ctx.upstream_done_at = Some(Instant::now());
+            }
         }
+        outcome
     }
 }
 
@@ -301,6 +308,7 @@ struct LargeBody {
     admission: Arc<Admission>,
     body: Bytes,
     content_type: Option<http::HeaderValue>,
+    report: Arc<std::sync::Mutex<Option<SubReport>>>,
 }
 
 fn admission_provider(ctx: &RequestCtx) -> String {
@@ -309,10 +317,6 @@ fn admission_provider(ctx: &RequestCtx) -> String {
         .map(|a| a.picked.provider.name.clone())
         .or_else(|| ctx.served_by.as_deref().map(str::to_string))
         .unwrap_or_else(|| "?".to_string())
-}
-
-fn log_transition(key: &str, t: &Transition) {
-    log::info!("breaker `{key}`: {t}");
 }
 
 /// Seconds from a `Retry-After` header (the delay form).
@@ -418,6 +422,7 @@ impl ProxyHttp for Gateway {
                     ctx.agent = Some(a.agent.clone());
                     ctx.admitted = Some(a);
                     ctx.injected_body = Some((large.body.clone(), large.content_type.clone()));
+                    ctx.report = Some(large.report.clone());
                     Ok(false)
                 }
                 None => {
@@ -505,7 +510,7 @@ impl ProxyHttp for Gateway {
                 &mut transitions,
             );
             for (key, t) in &transitions {
-                log_transition(key, t);
+                self.metrics.transition(key, t);
             }
             match choice {
                 Ok(routing::Choice::Go(p)) => p,
@@ -535,7 +540,20 @@ impl ProxyHttp for Gateway {
         if !ctx.tried.contains(&picked.target) {
             ctx.tried.push(picked.target);
             ctx.attempts += 1;
+            if ctx.attempts > 1 {
+                self.metrics
+                    .retries
+                    .with_label_values(&[&picked.provider.name])
+                    .inc();
+            }
         }
+        if picked.ticket.probe {
+            self.metrics
+                .half_open_probes
+                .with_label_values(&[&picked.key])
+                .inc();
+        }
+        ctx.breaker_key = Some(picked.key.clone());
         let p = picked.provider.clone();
         let Some(addr) = p.addr.load_full() else {
             self.breakers.abandon(&picked.key, picked.ticket);
@@ -693,7 +711,9 @@ impl ProxyHttp for Gateway {
                 .map_err(|e| Error::because(ErrorType::InternalError, "upstream uri", e))?;
             req.set_uri(uri);
         }
-        ctx.upstream_started = Some(Instant::now());
+        let now = Instant::now();
+        ctx.upstream_started = Some(now);
+        ctx.upstream_first_at.get_or_insert(now);
         Ok(())
     }
 
@@ -759,7 +779,7 @@ impl ProxyHttp for Gateway {
                     hold,
                     &reason,
                 ) {
-                    log_transition(&key, &t);
+                    self.metrics.transition(&key, &t);
                 }
             }
             if self.can_fallback(session, ctx) {
@@ -776,6 +796,8 @@ impl ProxyHttp for Gateway {
         }
         ctx.served_by = Some(Arc::from(provider.name.as_str()));
         ctx.served_kind = Some(provider.kind);
+        ctx.ttfb = ctx.attempt.as_ref().and_then(|a| a.ttfb);
+        ctx.breaker_key = Some(key);
         Ok(())
     }
 
@@ -799,9 +821,13 @@ impl ProxyHttp for Gateway {
         if let Some(code) = ctx.admitted.as_ref().and_then(|a| a.would_deny) {
             resp.insert_header(respond::WOULD_DENY_HEADER, code.as_str())?;
         }
-        if ctx.tpm_key.is_some() {
-            ctx.usage_scanner = Some(UsageScanner::for_content_type(content_type(resp)));
+        // Usage feeds token metrics and limit settlement; read it as it passes.
+        let ct = content_type(resp);
+        if ct.is_some_and(|c| c.starts_with("text/event-stream")) {
+            ctx.streaming = true;
+            self.metrics.active_streams.inc();
         }
+        ctx.usage_scanner = Some(UsageScanner::for_content_type(ct));
         Ok(())
     }
 
@@ -820,6 +846,9 @@ impl ProxyHttp for Gateway {
                 ctx.usage = scanner.finish();
                 ctx.usage_scanner = None;
             }
+        }
+        if end_of_stream {
+            ctx.upstream_done_at = Some(Instant::now());
         }
         // The per-read timeout bounds stalls; this bounds the whole exchange.
         if let (Some(att), Some(start)) = (&ctx.attempt, ctx.upstream_started) {
@@ -905,24 +934,32 @@ impl ProxyHttp for Gateway {
                 log::warn!("request {}: {err}", ctx.request_id);
             }
         }
-        // The structured access log arrives with the observability work;
-        // until then a debug line per request, never with secrets or prompts.
-        let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let adm = ctx.admitted.as_deref();
-        log::debug!(
-            "request_id={} sub={} agent={} endpoint={} model={} provider={} stream={} body_bytes={} status={} error={} transport_error={} elapsed_ms={}",
-            ctx.request_id,
-            ctx.is_subrequest,
-            ctx.agent.as_deref().unwrap_or("-"),
-            adm.map_or("-", |a| a.endpoint.path()),
-            adm.map_or("-", |a| a.model.as_str()),
-            ctx.served_by.as_deref().unwrap_or("-"),
-            adm.is_some_and(|a| a.stream),
-            adm.map_or(0, |a| a.body_len),
-            status,
-            ctx.error_code.unwrap_or("-"),
-            e.map_or("-", |e| e.etype().as_str()),
-            ctx.started.elapsed().as_millis()
-        );
+        if ctx.streaming {
+            self.metrics.active_streams.dec();
+        }
+        if ctx.is_subrequest {
+            // The main request logs this exchange once, with what we learned.
+            if let Some(slot) = &ctx.report {
+                if let Ok(mut r) = slot.lock() {
+                    *r = Some(SubReport {
+                        served_by: ctx.served_by.clone(),
+                        fallback_from: ctx.fallback_from.clone(),
+                        upstream_status: ctx.upstream_status,
+                        ttfb: ctx.ttfb,
+                        upstream_time: ctx.upstream_first_at.map(|t| {
+                            ctx.upstream_done_at
+                                .unwrap_or_else(Instant::now)
+                                .duration_since(t)
+                        }),
+                        attempts: ctx.attempts,
+                        usage: ctx.usage,
+                        breaker_key: ctx.breaker_key.clone(),
+                        error_code: ctx.error_code,
+                    });
+                }
+            }
+            return;
+        }
+        observe::record(self, session, e, ctx);
     }
 }

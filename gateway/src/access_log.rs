@@ -1,0 +1,175 @@
+//! The access log: one JSON line per request, written by a dedicated thread.
+//!
+//! Proxy threads only format the line and hand it over a bounded channel;
+//! if the writer falls behind (a slow disk, a blocked stdout), lines are
+//! dropped and counted (`loopgate_access_log_dropped_total`) rather than
+//! ever making a request wait. Lines carry no key material and no prompt
+//! text: identifiers, names, sizes, timings and decisions only.
+
+use crate::metrics::Metrics;
+use serde::Serialize;
+use std::io::{BufWriter, Write};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Lines buffered between proxy threads and the writer.
+const QUEUE: usize = 16 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Stdout,
+    Stderr,
+    File(String),
+    Off,
+}
+
+pub struct AccessLog {
+    tx: Option<SyncSender<String>>,
+    metrics: Arc<Metrics>,
+}
+
+impl AccessLog {
+    /// Starts the writer thread for `target`.
+    pub fn start(target: &Target, metrics: Arc<Metrics>) -> std::io::Result<AccessLog> {
+        let out: Box<dyn Write + Send> = match target {
+            Target::Off => return Ok(AccessLog { tx: None, metrics }),
+            Target::Stdout => Box::new(std::io::stdout()),
+            Target::Stderr => Box::new(std::io::stderr()),
+            Target::File(path) => Box::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            ),
+        };
+        let (tx, rx) = sync_channel::<String>(QUEUE);
+        std::thread::Builder::new()
+            .name("loopgate-access-log".into())
+            .spawn(move || write_lines(rx, out))?;
+        Ok(AccessLog {
+            tx: Some(tx),
+            metrics,
+        })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Queues one record; never blocks.
+    pub fn write(&self, record: &Record<'_>) {
+        let Some(tx) = &self.tx else { return };
+        let Ok(line) = serde_json::to_string(record) else {
+            return;
+        };
+        match tx.try_send(line) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.metrics.access_log_dropped.inc()
+            }
+        }
+    }
+}
+
+fn write_lines(rx: Receiver<String>, out: Box<dyn Write + Send>) {
+    let mut out = BufWriter::with_capacity(64 * 1024, out);
+    loop {
+        // Block for one line, then drain what is queued, then flush once.
+        let Ok(first) = rx.recv() else { return };
+        let _ = out.write_all(first.as_bytes());
+        let _ = out.write_all(b"\n");
+        while let Ok(line) = rx.try_recv() {
+            let _ = out.write_all(line.as_bytes());
+            let _ = out.write_all(b"\n");
+        }
+        let _ = out.flush();
+    }
+}
+
+/// One access-log line. Strings are bounded by the caller.
+#[derive(Debug, Serialize, Default)]
+pub struct Record<'a> {
+    pub time: String,
+    pub request_id: &'a str,
+    pub agent_id: Option<&'a str>,
+    pub task_id: Option<&'a str>,
+    pub call_id: Option<&'a str>,
+    pub tool_name: Option<&'a str>,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub model: Option<&'a str>,
+    pub stream: bool,
+    pub provider: Option<&'a str>,
+    pub breaker_state: Option<&'static str>,
+    /// `allow`, `deny` or `error`.
+    pub decision: &'static str,
+    pub code: Option<&'static str>,
+    pub would_deny: Option<&'static str>,
+    pub upstream_status: Option<u16>,
+    pub status: u16,
+    pub latency_ms: f64,
+    pub ttfb_ms: Option<f64>,
+    pub overhead_us: u64,
+    pub bytes_in: usize,
+    pub bytes_out: usize,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub attempts: u32,
+    pub fallback_used: bool,
+    pub fallback_from: Option<&'a str>,
+    pub fallback_to: Option<&'a str>,
+}
+
+/// `2026-12-02T16:06:11.123Z`
+pub fn rfc3339_millis(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_utc_timestamps() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_796_227_571_123);
+        assert_eq!(rfc3339_millis(t), "2026-12-02T16:06:11.123Z");
+        assert_eq!(rfc3339_millis(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(rfc3339_millis(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_instead_of_blocking() {
+        let metrics = Arc::new(Metrics::new());
+        let (tx, _rx) = sync_channel::<String>(1);
+        let log = AccessLog {
+            tx: Some(tx),
+            metrics: metrics.clone(),
+        };
+        let r = Record::default();
+        log.write(&r);
+        log.write(&r);
+        log.write(&r);
+        assert_eq!(metrics.access_log_dropped.get(), 2);
+    }
+}

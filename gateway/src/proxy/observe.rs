@@ -1,0 +1,162 @@
+//! The end of every request: metrics and the access-log line, from what the
+//! hooks recorded in the context. Runs in `logging`, once per request.
+
+use super::{Gateway, RequestCtx};
+use crate::access_log::{rfc3339_millis, Record};
+use loopgate_policy::DenyCode;
+use pingora::Error;
+use pingora_proxy::Session;
+use std::time::{Instant, SystemTime};
+
+/// Longest agent-supplied identifier kept in a log line.
+const MAX_ID: usize = 128;
+
+fn header<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
+    let v = session.req_header().headers.get(name)?.to_str().ok()?;
+    Some(clip(v, MAX_ID))
+}
+
+fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `deny` for refusals (policy, circuit), `error` for failures, `allow` else.
+fn decision(code: Option<&'static str>) -> &'static str {
+    match code {
+        None => "allow",
+        Some(c)
+            if DenyCode::parse(c).is_some_and(|d| d != DenyCode::PolicyUnavailable)
+                || c == "circuit_open"
+                || c == "unsupported_endpoint" =>
+        {
+            "deny"
+        }
+        Some(_) => "error",
+    }
+}
+
+fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "none",
+    }
+}
+
+pub fn record(gw: &Gateway, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    let m = &gw.metrics;
+    let elapsed = ctx.started.elapsed();
+    let status = session.response_written().map_or(0, |r| r.status.as_u16());
+    let adm = ctx.admitted.clone();
+    let agent = ctx.agent.as_deref().unwrap_or("-");
+    let provider = ctx.served_by.as_deref();
+    let route = adm.as_ref().map(|a| a.route_name.as_ref());
+    let decision = decision(ctx.error_code);
+    let upstream = ctx.upstream_first_at.map(|t| {
+        ctx.upstream_done_at
+            .unwrap_or_else(Instant::now)
+            .saturating_duration_since(t)
+    });
+    let overhead = elapsed.saturating_sub(upstream.unwrap_or_default());
+
+    m.requests
+        .with_label_values(&[
+            agent,
+            provider.unwrap_or("-"),
+            route.unwrap_or("-"),
+            status_class(status),
+            decision,
+        ])
+        .inc();
+    if let Some(code @ ("rate_limited" | "too_many_in_flight")) = ctx.error_code {
+        m.limit_rejections.with_label_values(&[agent, code]).inc();
+    }
+    m.duration
+        .with_label_values(&[provider.unwrap_or("-")])
+        .observe(elapsed.as_secs_f64());
+    m.overhead.observe(overhead.as_secs_f64());
+    if let (Some(p), Some(t)) = (provider, ctx.ttfb) {
+        m.ttfb.with_label_values(&[p]).observe(t.as_secs_f64());
+    }
+    let fallback_from = ctx
+        .fallback_from
+        .as_deref()
+        .filter(|f| Some(*f) != provider && provider.is_some());
+    if let (Some(from), Some(to)) = (fallback_from, provider) {
+        m.fallbacks.with_label_values(&[from, to]).inc();
+    }
+    if let (Some(u), Some(route)) = (ctx.usage, route) {
+        m.tokens
+            .with_label_values(&[agent, route, "prompt"])
+            .inc_by(u.input_tokens);
+        m.tokens
+            .with_label_values(&[agent, route, "completion"])
+            .inc_by(u.output_tokens);
+    }
+
+    if !gw.access_log.enabled() {
+        return;
+    }
+    let breaker_state = ctx.breaker_key.as_deref().and_then(|k| {
+        gw.breakers
+            .peek(k, gw.clock.now())
+            .ok()
+            .flatten()
+            .map(|(s, _, _)| s.as_str())
+    });
+    let req = session.req_header();
+    let record = Record {
+        time: rfc3339_millis(SystemTime::now() - elapsed),
+        request_id: &ctx.request_id,
+        agent_id: ctx.agent.as_deref(),
+        task_id: header(session, "x-agent-task-id"),
+        call_id: header(session, "x-agent-call-id"),
+        tool_name: header(session, "x-agent-tool-name"),
+        method: req.method.as_str(),
+        path: clip(req.uri.path(), 256),
+        model: adm.as_ref().map(|a| clip(&a.model, MAX_ID)),
+        stream: adm.as_ref().is_some_and(|a| a.stream),
+        provider,
+        breaker_state,
+        decision,
+        code: ctx.error_code,
+        would_deny: adm.as_ref().and_then(|a| a.would_deny).map(|c| c.as_str()),
+        upstream_status: ctx.upstream_status,
+        status,
+        latency_ms: (elapsed.as_secs_f64() * 1e6).round() / 1e3,
+        ttfb_ms: ctx.ttfb.map(|t| (t.as_secs_f64() * 1e6).round() / 1e3),
+        overhead_us: overhead.as_micros() as u64,
+        bytes_in: ctx.bytes_in,
+        bytes_out: session.as_downstream().body_bytes_sent(),
+        prompt_tokens: ctx.usage.map(|u| u.input_tokens),
+        completion_tokens: ctx.usage.map(|u| u.output_tokens),
+        attempts: ctx.attempts,
+        fallback_used: fallback_from.is_some(),
+        fallback_from,
+        fallback_to: fallback_from.and(provider),
+    };
+    gw.access_log.write(&record);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_and_classes() {
+        assert_eq!(decision(None), "allow");
+        assert_eq!(decision(Some("model_not_allowed")), "deny");
+        assert_eq!(decision(Some("circuit_open")), "deny");
+        assert_eq!(decision(Some("policy_unavailable")), "error");
+        assert_eq!(decision(Some("upstream_timeout")), "error");
+        assert_eq!(status_class(204), "2xx");
+        assert_eq!(status_class(0), "none");
+    }
+}
