@@ -10,10 +10,12 @@
 
 pub mod circuit;
 pub mod health;
+pub mod loops;
 pub mod set;
 
 pub use circuit::{
     Breaker, BreakerConfig, FailureKind, Outcome, Rejected, Snapshot, State, Ticket, Transition,
 };
 pub use health::Health;
+pub use loops::{fingerprint, LoopConfig, LoopGuard, LoopVerdict, Trip};
 pub use set::BreakerSet;

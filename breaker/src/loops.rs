@@ -1,0 +1,413 @@
+//! Agent-loop detection: per task, a bounded ring of request fingerprints;
+//! a request that would complete a repeated cycle is refused, and the task
+//! cools down with a doubling back-off.
+//!
+//! A fingerprint is SHA-256 over a canonical form of what makes a call the
+//! same call: endpoint, model, the last `last_turns` messages, tools and
+//! tool arguments (they live in the messages). Noise is removed first: any
+//! key named in `ignore_fields` at any depth (ids, timestamps, retry
+//! counters), key order (objects are serialised sorted) and whitespace
+//! (JSON layout, and runs of whitespace inside strings).
+//!
+//! A loop is the ring's tail being one block of 1..=window/repeats
+//! fingerprints repeated `repeats` times in a row, counting the incoming
+//! request (the look-ahead: the request that would complete the third
+//! repeat is the one refused, so the provider sees only the allowed ones).
+//! Two calls of the same search tool in a 12-step task are two repeats, not
+//! three, and the steps between them break the run.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+pub type Fingerprint = [u8; 32];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopConfig {
+    pub window: usize,
+    pub repeats: usize,
+    pub last_turns: usize,
+    pub ignore_fields: Vec<String>,
+    pub cooldown: Duration,
+    pub max_cooldown: Duration,
+    /// Clean requests in a row that clear a task's trip history.
+    pub clear_after: u32,
+    /// Idle tasks are forgotten after this long.
+    pub idle_ttl: Duration,
+}
+
+impl Default for LoopConfig {
+    fn default() -> Self {
+        LoopConfig {
+            window: 10,
+            repeats: 3,
+            last_turns: 2,
+            ignore_fields: [
+                "user",
+                "metadata",
+                "request_id",
+                "timestamp",
+                "created",
+                "retry",
+                "retry_count",
+                "seed",
+                "stream",
+                "stream_options",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            cooldown: Duration::from_secs(30),
+            max_cooldown: Duration::from_secs(600),
+            clear_after: 5,
+            idle_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The fingerprint of a request to `endpoint` with JSON `body`.
+pub fn fingerprint(endpoint: &str, body: &Value, cfg: &LoopConfig) -> Fingerprint {
+    let mut meaningful = serde_json::Map::new();
+    meaningful.insert("endpoint".into(), Value::String(endpoint.into()));
+    if let Value::Object(map) = body {
+        for (k, v) in map {
+            if cfg.ignore_fields.iter().any(|f| f == k) {
+                continue;
+            }
+            let v = match (k.as_str(), v) {
+                ("messages", Value::Array(msgs)) => {
+                    let skip = msgs.len().saturating_sub(cfg.last_turns);
+                    Value::Array(msgs[skip..].to_vec())
+                }
+                _ => v.clone(),
+            };
+            meaningful.insert(k.clone(), v);
+        }
+    }
+    let canonical = canonicalize(Value::Object(meaningful), &cfg.ignore_fields);
+    // serde_json's map is ordered by key (no preserve_order): sorted output.
+    let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
+    Sha256::digest(&bytes).into()
+}
+
+fn canonicalize(v: Value, ignore: &[String]) -> Value {
+    match v {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(k, _)| !ignore.iter().any(|f| f == k))
+                .map(|(k, v)| (k, canonicalize(v, ignore)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(|v| canonicalize(v, ignore)).collect()),
+        Value::String(s) => Value::String(s.split_whitespace().collect::<Vec<_>>().join(" ")),
+        other => other,
+    }
+}
+
+/// Whether the ring's tail, with `next` appended, is a block repeated
+/// `repeats` times. Returns the block length.
+pub fn detect(
+    ring: &VecDeque<Fingerprint>,
+    next: &Fingerprint,
+    window: usize,
+    repeats: usize,
+) -> Option<usize> {
+    let mut seq: Vec<&Fingerprint> = ring.iter().collect();
+    seq.push(next);
+    let start = seq.len().saturating_sub(window);
+    let seq = &seq[start..];
+    let repeats = repeats.max(2);
+    for len in 1..=seq.len() / repeats {
+        let tail = &seq[seq.len() - len * repeats..];
+        let block = &tail[..len];
+        if tail.chunks(len).all(|c| c == block) {
+            return Some(len);
+        }
+    }
+    None
+}
+
+/// What the guard decided for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoopVerdict {
+    Allow,
+    /// The task is cooling down from an earlier trip.
+    CoolingDown {
+        retry_after: Duration,
+    },
+    /// This request completes a loop: the task trips now.
+    Tripped(Trip),
+}
+
+/// Evidence of a trip, for the snapshot file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trip {
+    pub block_len: usize,
+    pub trail: Vec<String>,
+    pub trips: u32,
+    pub cooldown: Duration,
+}
+
+#[derive(Debug, Default)]
+struct TaskState {
+    ring: VecDeque<Fingerprint>,
+    blocked_until: Option<Duration>,
+    trips: u32,
+    clean: u32,
+    last_seen: Duration,
+}
+
+/// Every task's loop state, bounded: idle tasks are forgotten.
+#[derive(Debug, Default)]
+pub struct LoopGuard {
+    tasks: Mutex<HashMap<String, TaskState>>,
+}
+
+/// Most tasks tracked at once; the least recently seen go first.
+const MAX_TASKS: usize = 100_000;
+
+impl LoopGuard {
+    pub fn new() -> LoopGuard {
+        LoopGuard::default()
+    }
+
+    /// Judges one request of task `key` with fingerprint `fp` at `now`.
+    /// `Err` means the state could not be read: the caller denies.
+    pub fn check(
+        &self,
+        key: &str,
+        fp: Fingerprint,
+        cfg: &LoopConfig,
+        now: Duration,
+    ) -> Result<LoopVerdict, ()> {
+        let mut tasks = self.tasks.lock().map_err(|_| ())?;
+        if tasks.len() >= MAX_TASKS && !tasks.contains_key(key) {
+            tasks.retain(|_, t| now.saturating_sub(t.last_seen) < cfg.idle_ttl);
+            if tasks.len() >= MAX_TASKS {
+                if let Some(oldest) = tasks
+                    .iter()
+                    .min_by_key(|(_, t)| t.last_seen)
+                    .map(|(k, _)| k.clone())
+                {
+                    tasks.remove(&oldest);
+                }
+            }
+        }
+        let t = tasks.entry(key.to_string()).or_default();
+        if now.saturating_sub(t.last_seen) >= cfg.idle_ttl {
+            *t = TaskState::default();
+        }
+        t.last_seen = now;
+        if let Some(until) = t.blocked_until {
+            if now < until {
+                return Ok(LoopVerdict::CoolingDown {
+                    retry_after: until - now,
+                });
+            }
+            // Cool-down over: this is the trial request.
+            t.blocked_until = None;
+            t.ring.clear();
+        }
+        if let Some(block_len) = detect(&t.ring, &fp, cfg.window, cfg.repeats) {
+            t.trips += 1;
+            t.clean = 0;
+            let factor = 1u32.checked_shl(t.trips - 1).unwrap_or(u32::MAX);
+            let cooldown = cfg
+                .cooldown
+                .checked_mul(factor)
+                .unwrap_or(cfg.max_cooldown)
+                .min(cfg.max_cooldown);
+            t.blocked_until = Some(now + cooldown);
+            let mut trail: Vec<String> = t.ring.iter().map(hex8).collect();
+            trail.push(hex8(&fp));
+            return Ok(LoopVerdict::Tripped(Trip {
+                block_len,
+                trail,
+                trips: t.trips,
+                cooldown,
+            }));
+        }
+        if t.ring.len() == cfg.window {
+            t.ring.pop_front();
+        }
+        t.ring.push_back(fp);
+        t.clean += 1;
+        if t.clean >= cfg.clear_after {
+            t.trips = 0;
+        }
+        Ok(LoopVerdict::Allow)
+    }
+}
+
+fn hex8(fp: &Fingerprint) -> String {
+    fp[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn fp(v: Value) -> Fingerprint {
+        fingerprint("/v1/chat/completions", &v, &LoopConfig::default())
+    }
+
+    #[test]
+    fn noise_key_order_and_whitespace_do_not_change_the_fingerprint() {
+        let a = fp(
+            json!({"model": "m", "messages": [{"role": "user", "content": "find  the\norder"}], "user": "u1", "metadata": {"ts": 1}}),
+        );
+        let b = fp(
+            json!({"messages": [{"content": " find the order ", "role": "user", "request_id": "r9"}], "model": "m", "user": "u2", "stream": true}),
+        );
+        assert_eq!(a, b);
+        let c = fp(
+            json!({"model": "m", "messages": [{"role": "user", "content": "find the invoice"}]}),
+        );
+        assert_ne!(a, c);
+        let d = fp(
+            json!({"model": "other", "messages": [{"role": "user", "content": "find the order"}]}),
+        );
+        assert_ne!(a, d);
+    }
+
+    #[test]
+    fn only_the_last_turns_count_and_tool_arguments_matter() {
+        let call = |args: &str| json!({"role": "assistant", "tool_calls": [{"function": {"name": "search", "arguments": args}}]});
+        let a = fp(
+            json!({"model": "m", "messages": [{"role": "user", "content": "long history 1"}, call("{\"q\":\"x\"}"), {"role": "tool", "content": "none"}]}),
+        );
+        let b = fp(
+            json!({"model": "m", "messages": [{"role": "user", "content": "other history"}, {"role": "user", "content": "more"}, call("{\"q\":\"x\"}"), {"role": "tool", "content": "none"}]}),
+        );
+        assert_eq!(
+            a, b,
+            "history before the last 2 turns is not part of the call"
+        );
+        let c = fp(
+            json!({"model": "m", "messages": [call("{\"q\":\"y\"}"), {"role": "tool", "content": "none"}]}),
+        );
+        assert_ne!(a, c);
+    }
+
+    fn ring(ids: &[u8]) -> VecDeque<Fingerprint> {
+        ids.iter().map(|i| [*i; 32]).collect()
+    }
+
+    #[test]
+    fn detection() {
+        assert_eq!(detect(&ring(&[1, 1]), &[1; 32], 10, 3), Some(1));
+        assert_eq!(detect(&ring(&[1]), &[1; 32], 10, 3), None);
+        assert_eq!(
+            detect(&ring(&[1, 2, 1, 2, 1]), &[2; 32], 10, 3),
+            Some(2),
+            "A,B,A,B,A,B trips"
+        );
+        assert_eq!(
+            detect(&ring(&[1, 2, 3, 1, 2, 3, 1, 2]), &[3; 32], 10, 3),
+            Some(3)
+        );
+        assert_eq!(detect(&ring(&[1, 2, 1, 3, 1]), &[2; 32], 10, 3), None);
+        // Outside the window does not count.
+        assert_eq!(
+            detect(&ring(&[1, 1, 2, 3, 4, 5, 6, 7, 8, 9]), &[1; 32], 10, 3),
+            None
+        );
+    }
+
+    #[test]
+    fn a_twelve_step_task_calling_one_tool_twice_is_not_a_loop() {
+        let g = LoopGuard::new();
+        let cfg = LoopConfig::default();
+        let steps = [1u8, 2, 3, 4, 5, 4, 6, 7, 8, 9, 10, 11];
+        for (i, s) in steps.iter().enumerate() {
+            assert_eq!(
+                g.check("t", [*s; 32], &cfg, S * i as u32).unwrap(),
+                LoopVerdict::Allow,
+                "step {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn trips_on_the_third_repeat_then_cools_down_with_backoff_and_recovers() {
+        let g = LoopGuard::new();
+        let cfg = LoopConfig::default();
+        assert_eq!(g.check("t", [7; 32], &cfg, S).unwrap(), LoopVerdict::Allow);
+        assert_eq!(
+            g.check("t", [7; 32], &cfg, 2 * S).unwrap(),
+            LoopVerdict::Allow
+        );
+        let LoopVerdict::Tripped(trip) = g.check("t", [7; 32], &cfg, 3 * S).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (trip.block_len, trip.trips, trip.cooldown, trip.trail.len()),
+            (1, 1, 30 * S, 3)
+        );
+        assert_eq!(
+            g.check("t", [8; 32], &cfg, 10 * S).unwrap(),
+            LoopVerdict::CoolingDown {
+                retry_after: 23 * S
+            }
+        );
+        // Other tasks are unaffected.
+        assert_eq!(
+            g.check("u", [7; 32], &cfg, 10 * S).unwrap(),
+            LoopVerdict::Allow
+        );
+        // After the cool-down a trial request passes; looping again doubles it.
+        assert_eq!(
+            g.check("t", [7; 32], &cfg, 33 * S).unwrap(),
+            LoopVerdict::Allow
+        );
+        assert_eq!(
+            g.check("t", [7; 32], &cfg, 34 * S).unwrap(),
+            LoopVerdict::Allow
+        );
+        let LoopVerdict::Tripped(trip) = g.check("t", [7; 32], &cfg, 35 * S).unwrap() else {
+            panic!()
+        };
+        assert_eq!((trip.trips, trip.cooldown), (2, 60 * S));
+        // After that cool-down, clear_after clean requests reset the back-off.
+        for i in 0..5u8 {
+            assert_eq!(
+                g.check("t", [20 + i; 32], &cfg, 100 * S).unwrap(),
+                LoopVerdict::Allow
+            );
+        }
+        for _ in 0..2 {
+            g.check("t", [9; 32], &cfg, 101 * S).unwrap();
+        }
+        let LoopVerdict::Tripped(trip) = g.check("t", [9; 32], &cfg, 102 * S).unwrap() else {
+            panic!()
+        };
+        assert_eq!((trip.trips, trip.cooldown), (1, 30 * S));
+    }
+
+    #[test]
+    fn backoff_is_capped() {
+        let g = LoopGuard::new();
+        let cfg = LoopConfig {
+            cooldown: 30 * S,
+            max_cooldown: 100 * S,
+            ..LoopConfig::default()
+        };
+        let mut now = Duration::ZERO;
+        let mut last = Duration::ZERO;
+        for _ in 0..5 {
+            for _ in 0..2 {
+                g.check("t", [1; 32], &cfg, now).unwrap();
+            }
+            if let LoopVerdict::Tripped(t) = g.check("t", [1; 32], &cfg, now).unwrap() {
+                last = t.cooldown;
+                now += t.cooldown;
+            }
+        }
+        assert_eq!(last, 100 * S);
+    }
+}
