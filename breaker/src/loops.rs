@@ -16,6 +16,7 @@
 //! Two calls of the same search tool in a 12-step task are two repeats, not
 //! three, and the steps between them break the run.
 
+use crate::set::Unknown;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
@@ -181,8 +182,8 @@ impl LoopGuard {
         fp: Fingerprint,
         cfg: &LoopConfig,
         now: Duration,
-    ) -> Result<LoopVerdict, ()> {
-        let mut tasks = self.tasks.lock().map_err(|_| ())?;
+    ) -> Result<LoopVerdict, Unknown> {
+        let mut tasks = self.tasks.lock().map_err(|_| Unknown)?;
         if tasks.len() >= MAX_TASKS && !tasks.contains_key(key) {
             tasks.retain(|_, t| now.saturating_sub(t.last_seen) < cfg.idle_ttl);
             if tasks.len() >= MAX_TASKS {

@@ -30,6 +30,9 @@ pub struct Metrics {
     pub tokens: IntCounterVec,
     reloads: IntCounterVec,
     pub access_log_dropped: IntCounter,
+    pub loop_trips: IntCounterVec,
+    pub guard: IntCounterVec,
+    pub budget_cuts: IntCounterVec,
 }
 
 /// Latency buckets from 100 us to 5 min: gateway overhead is microseconds,
@@ -119,6 +122,18 @@ impl Metrics {
             access_log_dropped: reg!(IntCounter::new(
                 "loopgate_access_log_dropped_total",
                 "Access-log lines dropped because the writer fell behind (the proxy never waits for it)."
+            )),
+            loop_trips: reg!(IntCounterVec::new(
+                counter("loopgate_loop_trips_total", "Tasks stopped for repeating themselves, by agent."),
+                &["agent"]
+            )),
+            guard: reg!(IntCounterVec::new(
+                counter("loopgate_guard_total", "Watchdog actions by agent: warn, degrade, stop."),
+                &["agent", "action"]
+            )),
+            budget_cuts: reg!(IntCounterVec::new(
+                counter("loopgate_budget_cuts_total", "Streams cut because they outgrew their token budget."),
+                &["agent"]
             )),
             registry,
         };

@@ -27,13 +27,19 @@ pub enum DenyCode {
     BlockedPhrase,
     RateLimited,
     TooManyInFlight,
+    /// A token budget (per task, per agent per day) cannot fit the request.
+    BudgetExceeded,
+    /// The task repeats itself: it cools down before it may call again.
+    LoopDetected,
+    /// The task watchdog turned red with action `stop`.
+    TaskStopped,
     /// The policy could not be evaluated (a failed store, a poisoned lock):
     /// the request is refused, never let through.
     PolicyUnavailable,
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 20] = [
+    pub const ALL: [DenyCode; 23] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -53,6 +59,9 @@ impl DenyCode {
         DenyCode::BlockedPhrase,
         DenyCode::RateLimited,
         DenyCode::TooManyInFlight,
+        DenyCode::BudgetExceeded,
+        DenyCode::LoopDetected,
+        DenyCode::TaskStopped,
         DenyCode::PolicyUnavailable,
     ];
 
@@ -77,6 +86,9 @@ impl DenyCode {
             DenyCode::BlockedPhrase => "blocked_phrase",
             DenyCode::RateLimited => "rate_limited",
             DenyCode::TooManyInFlight => "too_many_in_flight",
+            DenyCode::BudgetExceeded => "budget_exceeded",
+            DenyCode::LoopDetected => "loop_detected",
+            DenyCode::TaskStopped => "task_stopped",
             DenyCode::PolicyUnavailable => "policy_unavailable",
         }
     }
@@ -103,7 +115,9 @@ impl DenyCode {
             | DenyCode::InvalidMessages
             | DenyCode::MaxTokensExceeded
             | DenyCode::TooManyMessages => 400,
-            DenyCode::RateLimited | DenyCode::TooManyInFlight => 429,
+            DenyCode::RateLimited | DenyCode::TooManyInFlight | DenyCode::TaskStopped => 429,
+            DenyCode::BudgetExceeded => 402,
+            DenyCode::LoopDetected => 409,
             DenyCode::PolicyUnavailable => 503,
         }
     }
@@ -118,6 +132,9 @@ impl DenyCode {
             | DenyCode::BlockedPhrase => "permission_error",
             DenyCode::NotFound | DenyCode::UnknownModel => "not_found_error",
             DenyCode::RateLimited | DenyCode::TooManyInFlight => "rate_limit_error",
+            DenyCode::BudgetExceeded | DenyCode::LoopDetected | DenyCode::TaskStopped => {
+                "guard_error"
+            }
             DenyCode::PolicyUnavailable => "gateway_error",
             DenyCode::MethodNotAllowed
             | DenyCode::MissingHeader
@@ -154,6 +171,9 @@ impl DenyCode {
                 | DenyCode::BlockedPhrase
                 | DenyCode::RateLimited
                 | DenyCode::TooManyInFlight
+                | DenyCode::BudgetExceeded
+                | DenyCode::LoopDetected
+                | DenyCode::TaskStopped
         )
     }
 }
@@ -185,8 +205,10 @@ impl Deny {
         }
     }
 
+    /// A retry after `after` can succeed.
     pub fn retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
+        self.retryable = true;
         self
     }
 

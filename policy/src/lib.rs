@@ -37,6 +37,7 @@ pub mod rewrite;
 pub mod rules;
 pub mod store;
 pub mod usage;
+pub mod watchdog;
 
 pub use body::{inspect_body, BodyFacts};
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -46,8 +47,9 @@ pub use keys::{hash_key, KeyDigest, KeyIndex};
 pub use pattern::{NamePattern, PatternList};
 pub use phrases::PhraseMatcher;
 pub use rewrite::replace_model;
-pub use rules::{AgentRules, Limits, Mode, Verdict};
+pub use rules::{AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, Verdict};
 pub use store::{
     AdmitOutcome, Lease, MemoryStore, Refusal, SlotTake, StateStore, StoreError, WindowTake,
 };
 pub use usage::{Usage, UsageScanner};
+pub use watchdog::{Level, Reading, RedAction, Thresholds, Watchdog, WatchdogConfig};

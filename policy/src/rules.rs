@@ -28,6 +28,54 @@ pub struct Limits {
     pub max_in_flight: Option<u64>,
 }
 
+/// Token budgets. A request reserves its estimated prompt plus `max_tokens`
+/// (or `default_max_tokens`) from each, and settles on the reported usage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budgets {
+    /// Tokens one task (`x-agent-task-id`) may use in all.
+    pub task_tokens: Option<u64>,
+    /// How long a task's budget is remembered after its last use.
+    pub task_ttl: Duration,
+    /// Tokens the agent may use in any 24 hours.
+    pub daily_tokens: Option<u64>,
+    pub default_max_tokens: u64,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Budgets {
+            task_tokens: None,
+            task_ttl: Duration::from_secs(24 * 3600),
+            daily_tokens: None,
+            default_max_tokens: 1024,
+        }
+    }
+}
+
+/// What one request asks of the limits.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitRequest<'a> {
+    pub estimated_prompt: u64,
+    pub max_tokens: Option<u64>,
+    /// The task id, when the request named one.
+    pub task: Option<&'a str>,
+}
+
+/// What an admitted request holds on its limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitsTaken {
+    pub lease: Lease,
+    /// Windows whose reservation is replaced by the reported usage.
+    pub settle_keys: Vec<String>,
+    /// Output tokens this request may still produce under its budgets (its
+    /// own reservation plus what the budgets have left); `None` without budgets.
+    pub budget_room: Option<u64>,
+    /// Share of the task budget used, after this reservation.
+    pub task_budget_used: Option<f64>,
+}
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
 /// Everything admission checks for one agent (global defaults already
 /// merged with the agent's overrides).
 #[derive(Debug)]
@@ -45,6 +93,7 @@ pub struct AgentRules {
     pub max_messages: Option<usize>,
     pub phrases: Option<Arc<PhraseMatcher>>,
     pub limits: Limits,
+    pub budgets: Budgets,
     pub mode: Mode,
     /// Rules in dry-run while `mode` is enforce.
     pub dry_run: HashSet<DenyCode>,
@@ -58,6 +107,16 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// Applies a denial decided outside these rules (loop guard, watchdog)
+    /// with the same enforce / dry-run semantics.
+    pub fn judge_external(
+        &mut self,
+        rules: &AgentRules,
+        outcome: Option<Deny>,
+    ) -> Result<(), Deny> {
+        self.judge(rules, outcome)
+    }
+
     /// Applies one rule's outcome: a dry-run denial is recorded and the
     /// evaluation continues; an enforced one ends it.
     fn judge(&mut self, rules: &AgentRules, outcome: Option<Deny>) -> Result<(), Deny> {
@@ -88,6 +147,7 @@ impl AgentRules {
             max_messages: None,
             phrases: None,
             limits: Limits::default(),
+            budgets: Budgets::default(),
             mode: Mode::Enforce,
             dry_run: HashSet::new(),
         }
@@ -173,24 +233,63 @@ impl AgentRules {
         &self,
         store: &dyn StateStore,
         now: Duration,
-        estimated_tokens: u64,
+        req: &LimitRequest<'_>,
         verdict: &mut Verdict,
-    ) -> Result<Lease, Deny> {
-        let (windows, slots) = self.limit_takes(estimated_tokens);
+    ) -> Result<LimitsTaken, Deny> {
+        let reserve =
+            req.estimated_prompt + req.max_tokens.unwrap_or(self.budgets.default_max_tokens);
+        if let (None, Some(limit)) = (req.task, self.budgets.task_tokens) {
+            // A request without a task id is a task of its own.
+            if reserve > limit {
+                let d = Deny::new(
+                    DenyCode::BudgetExceeded,
+                    format!("this request reserves {reserve} tokens, more than the task budget of {limit}"),
+                )
+                .never_retryable();
+                verdict.judge(self, Some(d))?;
+            }
+        }
+        let (windows, slots) = self.limit_takes(req);
         if windows.is_empty() && slots.is_empty() {
-            return Ok(Lease::empty());
+            return Ok(LimitsTaken {
+                lease: Lease::empty(),
+                settle_keys: Vec::new(),
+                budget_room: None,
+                task_budget_used: None,
+            });
         }
         match store.admit(now, &windows, &slots).await {
             Ok(AdmitOutcome::Taken {
                 lease,
                 would_refuse,
+                remaining,
             }) => {
                 if let Some(r) = would_refuse {
                     verdict
                         .would_deny
                         .get_or_insert(self.refusal_deny(&r, &windows, &slots));
                 }
-                Ok(lease)
+                let out = reserve - req.estimated_prompt;
+                let mut room: Option<u64> = None;
+                let mut task_used = None;
+                for (w, left) in windows.iter().zip(&remaining) {
+                    if w.key.contains(":budget:") {
+                        room = Some(room.map_or(*left, |r: u64| r.min(*left)));
+                        if w.key.contains(":budget:task:") {
+                            task_used = Some((w.limit - left) as f64 / w.limit as f64);
+                        }
+                    }
+                }
+                Ok(LimitsTaken {
+                    settle_keys: windows
+                        .iter()
+                        .filter(|w| w.key != self.rpm_key())
+                        .map(|w| w.key.clone())
+                        .collect(),
+                    lease,
+                    budget_room: room.map(|r| r + out),
+                    task_budget_used: task_used,
+                })
             }
             Ok(AdmitOutcome::Refused(r)) => Err(self.refusal_deny(&r, &windows, &slots)),
             Err(e) => Err(Deny::new(
@@ -201,7 +300,9 @@ impl AgentRules {
     }
 
     /// The limits this request must take from the state store.
-    pub fn limit_takes(&self, estimated_tokens: u64) -> (Vec<WindowTake>, Vec<SlotTake>) {
+    pub fn limit_takes(&self, req: &LimitRequest<'_>) -> (Vec<WindowTake>, Vec<SlotTake>) {
+        let estimated_tokens = req.estimated_prompt;
+        let reserve = estimated_tokens + req.max_tokens.unwrap_or(self.budgets.default_max_tokens);
         let mut windows = Vec::new();
         if let Some(limit) = self.limits.requests_per_minute {
             windows.push(WindowTake {
@@ -219,6 +320,25 @@ impl AgentRules {
                 window: MINUTE,
                 cost: estimated_tokens,
                 enforce: !self.is_dry_run(DenyCode::RateLimited),
+            });
+        }
+        let budget_enforced = !self.is_dry_run(DenyCode::BudgetExceeded);
+        if let Some(limit) = self.budgets.daily_tokens {
+            windows.push(WindowTake {
+                key: format!("{}:budget:day", self.name),
+                limit,
+                window: DAY,
+                cost: reserve,
+                enforce: budget_enforced,
+            });
+        }
+        if let (Some(limit), Some(task)) = (self.budgets.task_tokens, req.task) {
+            windows.push(WindowTake {
+                key: format!("{}:budget:task:{task}", self.name),
+                limit,
+                window: self.budgets.task_ttl,
+                cost: reserve,
+                enforce: budget_enforced,
             });
         }
         let slots = self
@@ -250,6 +370,22 @@ impl AgentRules {
         slots: &[SlotTake],
     ) -> Deny {
         match refusal {
+            Refusal::Window { index, retry_after } if windows[*index].key.contains(":budget:") => {
+                let w = &windows[*index];
+                let daily = w.key.ends_with(":budget:day");
+                let scope = if daily { "daily" } else { "task" };
+                let d = Deny::new(
+                    DenyCode::BudgetExceeded,
+                    format!(
+                        "this request reserves {} tokens; the {scope} budget of {} tokens cannot fit it",
+                        w.cost, w.limit
+                    ),
+                );
+                match (daily, retry_after) {
+                    (true, Some(after)) => d.retry_after(*after),
+                    _ => d.never_retryable(),
+                }
+            }
             Refusal::Window { index, retry_after } => {
                 let w = &windows[*index];
                 let what = if w.key == self.tpm_key() {
@@ -436,7 +572,11 @@ mod tests {
             max_in_flight: Some(2),
         };
         r.dry_run.insert(DenyCode::TooManyInFlight);
-        let (w, s) = r.limit_takes(42);
+        let (w, s) = r.limit_takes(&LimitRequest {
+            estimated_prompt: 42,
+            max_tokens: None,
+            task: None,
+        });
         assert_eq!(w.len(), 2);
         assert_eq!((w[0].cost, w[0].enforce), (1, true));
         assert_eq!((w[1].cost, w[1].key.as_str()), (42, "a:tpm"));
@@ -500,6 +640,95 @@ mod tests {
         }
     }
 
+    fn one() -> LimitRequest<'static> {
+        LimitRequest {
+            estimated_prompt: 1,
+            max_tokens: Some(0),
+            task: None,
+        }
+    }
+
+    #[test]
+    fn budgets_reserve_settle_and_refuse_with_their_code() {
+        let mut r = rules();
+        r.budgets = Budgets {
+            task_tokens: Some(1000),
+            daily_tokens: Some(5000),
+            default_max_tokens: 200,
+            ..Budgets::default()
+        };
+        let store = crate::MemoryStore::new();
+        let mut v = Verdict::default();
+        let req = |prompt, max: Option<u64>| LimitRequest {
+            estimated_prompt: prompt,
+            max_tokens: max,
+            task: Some("t1"),
+        };
+        // 100 prompt + 200 default output reserved from the task's 1000.
+        let taken =
+            block_on(r.admit_limits(&store, Duration::ZERO, &req(100, None), &mut v)).unwrap();
+        assert_eq!(taken.task_budget_used, Some(0.3));
+        assert_eq!(
+            taken.budget_room,
+            Some(700 + 200),
+            "what is left plus its own output reservation"
+        );
+        assert_eq!(taken.settle_keys, ["a:budget:day", "a:budget:task:t1"]);
+        // Settled at the real usage: 150 instead of 300.
+        for k in &taken.settle_keys {
+            block_on(store.settle(Duration::ZERO, &taken.lease, k, 150)).unwrap();
+        }
+        let taken =
+            block_on(r.admit_limits(&store, Duration::ZERO, &req(100, Some(700)), &mut v)).unwrap();
+        assert_eq!(taken.task_budget_used, Some(0.95));
+        let d = block_on(r.admit_limits(&store, Duration::ZERO, &req(10, Some(100)), &mut v))
+            .unwrap_err();
+        assert_eq!(
+            (d.code, d.code.status(), d.retryable),
+            (DenyCode::BudgetExceeded, 402, false)
+        );
+        assert!(d.message.contains("task budget of 1000"), "{}", d.message);
+        // Another task still has its own budget; a request without a task id is its own task.
+        assert!(block_on(r.admit_limits(
+            &store,
+            Duration::ZERO,
+            &LimitRequest {
+                task: Some("t2"),
+                ..req(10, Some(10))
+            },
+            &mut v
+        ))
+        .is_ok());
+        let d = block_on(r.admit_limits(
+            &store,
+            Duration::ZERO,
+            &LimitRequest {
+                task: None,
+                ..req(10, Some(2000))
+            },
+            &mut v,
+        ))
+        .unwrap_err();
+        assert_eq!(d.code, DenyCode::BudgetExceeded);
+        // The daily budget (5000) refuses with a true Retry-After: the
+        // first reservation, at 0 s, leaves the window at 86 400 s.
+        let tasks = ["t3", "t4", "t5", "t6", "t7", "t8"];
+        let d = tasks
+            .iter()
+            .find_map(|t| {
+                let req = LimitRequest {
+                    task: Some(t),
+                    ..req(900, Some(0))
+                };
+                block_on(r.admit_limits(&store, Duration::from_secs(10), &req, &mut v)).err()
+            })
+            .expect("the daily budget runs out");
+        assert_eq!(
+            (d.code, d.retryable, d.retry_after_secs()),
+            (DenyCode::BudgetExceeded, true, Some(86_390))
+        );
+    }
+
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
             .build()
@@ -512,18 +741,26 @@ mod tests {
         let mut r = rules();
         r.limits.requests_per_minute = Some(100);
         r.mode = Mode::DryRun;
-        let d = block_on(r.admit_limits(&BrokenStore, Duration::ZERO, 1, &mut Verdict::default()))
-            .unwrap_err();
+        let d = block_on(r.admit_limits(
+            &BrokenStore,
+            Duration::ZERO,
+            &one(),
+            &mut Verdict::default(),
+        ))
+        .unwrap_err();
         assert_eq!(
             (d.code, d.code.status(), d.retryable),
             (DenyCode::PolicyUnavailable, 503, true)
         );
         // Without limits configured the store is not consulted at all.
         r.limits = Limits::default();
-        assert!(
-            block_on(r.admit_limits(&BrokenStore, Duration::ZERO, 1, &mut Verdict::default()))
-                .is_ok()
-        );
+        assert!(block_on(r.admit_limits(
+            &BrokenStore,
+            Duration::ZERO,
+            &one(),
+            &mut Verdict::default()
+        ))
+        .is_ok());
     }
 
     #[test]
@@ -535,15 +772,15 @@ mod tests {
         let clock = ManualClock::default();
         let mut v = Verdict::default();
         for _ in 0..2 {
-            block_on(r.admit_limits(&store, clock.now(), 1, &mut v)).unwrap();
+            block_on(r.admit_limits(&store, clock.now(), &one(), &mut v)).unwrap();
         }
         clock.advance(Duration::from_secs(20));
-        let d = block_on(r.admit_limits(&store, clock.now(), 1, &mut v)).unwrap_err();
+        let d = block_on(r.admit_limits(&store, clock.now(), &one(), &mut v)).unwrap_err();
         assert_eq!(
             (d.code, d.retry_after_secs()),
             (DenyCode::RateLimited, Some(40))
         );
         clock.advance(Duration::from_secs(40));
-        block_on(r.admit_limits(&store, clock.now(), 1, &mut v)).unwrap();
+        block_on(r.admit_limits(&store, clock.now(), &one(), &mut v)).unwrap();
     }
 }

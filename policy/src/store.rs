@@ -82,6 +82,8 @@ pub enum AdmitOutcome {
     Taken {
         lease: Lease,
         would_refuse: Option<Refusal>,
+        /// Per window (same order as asked): what is left after this take.
+        remaining: Vec<u64>,
     },
     /// An enforced limit refused; nothing was taken.
     Refused(Refusal),
@@ -192,7 +194,10 @@ impl WindowLog {
 struct Inner {
     windows: HashMap<String, (WindowLog, Duration)>,
     slots: HashMap<String, u64>,
+    admissions: u64,
 }
+
+const SWEEP_EVERY: u64 = 1024;
 
 /// The embedded, single-instance store.
 #[derive(Debug, Default)]
@@ -255,11 +260,22 @@ impl StateStore for MemoryStore {
             }
         }
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut remaining = Vec::with_capacity(windows.len());
         for w in windows {
             if let Some((log, window)) = inner.windows.get_mut(&w.key) {
                 *window = w.window;
                 log.push(now, w.cost, id);
+                remaining.push(w.limit.saturating_sub(log.sum));
             }
+        }
+        // Now and then, drop windows whose entries all aged out, so per-task
+        // keys do not pile up (amortised: one sweep per SWEEP_EVERY admissions).
+        inner.admissions += 1;
+        if inner.admissions % SWEEP_EVERY == 0 {
+            inner.windows.retain(|_, (log, window)| {
+                log.expire(now, *window);
+                !log.entries.is_empty()
+            });
         }
         for s in slots {
             *inner.slots.entry(s.key.clone()).or_insert(0) += 1;
@@ -271,6 +287,7 @@ impl StateStore for MemoryStore {
                 slots: slots.iter().map(|s| s.key.clone()).collect(),
             },
             would_refuse,
+            remaining,
         })
     }
 

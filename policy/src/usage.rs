@@ -44,6 +44,7 @@ pub struct UsageScanner {
     overflow: bool,
     input: Option<u64>,
     output: Option<u64>,
+    events: u64,
 }
 
 impl UsageScanner {
@@ -63,6 +64,7 @@ impl UsageScanner {
             overflow: false,
             input: None,
             output: None,
+            events: 0,
         }
     }
 
@@ -106,6 +108,12 @@ impl UsageScanner {
         }
     }
 
+    /// SSE `data:` events seen so far: a running estimate of output tokens
+    /// while a stream is under way (providers send about one token each).
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
     /// The usage seen, once the body ended.
     pub fn finish(&mut self) -> Option<Usage> {
         if let Mode::Json = self.mode {
@@ -127,6 +135,7 @@ impl UsageScanner {
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
+        self.events += 1;
         if !contains(data, b"usage") {
             return;
         }

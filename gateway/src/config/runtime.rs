@@ -6,10 +6,10 @@ use super::{ConfigError, ConfigErrors};
 pub use crate::access_log::Target as AccessTarget;
 use crate::secret::Secret;
 use arc_swap::ArcSwapOption;
-use loopgate_breaker::BreakerConfig;
+use loopgate_breaker::{BreakerConfig, LoopConfig};
 use loopgate_policy::{
-    AgentRules, DenyCode, Endpoint, KeyDigest, KeyIndex, Limits, Mode, NamePattern, PatternList,
-    PhraseMatcher,
+    AgentRules, Budgets, DenyCode, Endpoint, KeyDigest, KeyIndex, Limits, Mode, NamePattern,
+    PatternList, PhraseMatcher, RedAction, Thresholds, WatchdogConfig,
 };
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -35,6 +35,8 @@ pub struct Config {
     pub providers: Vec<Arc<Provider>>,
     pub routes: Routes,
     pub agents: Vec<Arc<AgentRules>>,
+    /// Loop guard and watchdog per agent, indexed like `agents`.
+    pub guards: Vec<Guards>,
     pub keys: KeyIndex<usize>,
     pub max_body_bytes: u64,
 }
@@ -128,6 +130,14 @@ impl Config {
             "agents": agents,
         })
     }
+}
+
+/// An agent's guards (the budgets live in its `AgentRules`).
+#[derive(Debug, Clone, Default)]
+pub struct Guards {
+    pub loops: Option<LoopConfig>,
+    pub snapshot_dir: Option<std::path::PathBuf>,
+    pub watchdog: Option<WatchdogConfig>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -462,6 +472,7 @@ pub fn build(
     check_positive(&mut errs, "policy.max_in_flight", spec.policy.max_in_flight);
 
     let mut agents = Vec::new();
+    let mut guards = Vec::new();
     let mut keys = KeyIndex::default();
     let mut key_owner: HashMap<String, String> = HashMap::new();
     for (name, a) in &spec.agents {
@@ -546,6 +557,32 @@ pub fn build(
             Some(spec::ModeSpec::DryRun) => Mode::DryRun,
             Some(spec::ModeSpec::Enforce) | None => Mode::Enforce,
         };
+        // An agent's own section replaces the policy default whole; errors
+        // name the section they come from.
+        let pick = |own: bool| {
+            if own {
+                at.clone()
+            } else {
+                "policy".to_string()
+            }
+        };
+        let budgets = build_budgets(
+            &mut errs,
+            &pick(a.budgets.is_some()),
+            a.budgets.as_ref().or(spec.policy.budgets.as_ref()),
+        );
+        let loop_spec = a.loop_guard.as_ref().or(spec.policy.loop_guard.as_ref());
+        let watchdog_spec = a.watchdog.as_ref().or(spec.policy.watchdog.as_ref());
+        let loop_at = pick(a.loop_guard.is_some());
+        let watchdog_at = pick(a.watchdog.is_some());
+        guards.push(Guards {
+            loops: loop_spec.and_then(|l| build_loops(&mut errs, &loop_at, l)),
+            snapshot_dir: loop_spec
+                .and_then(|l| l.snapshot_dir.as_ref())
+                .map(std::path::PathBuf::from),
+            watchdog: watchdog_spec
+                .and_then(|w| build_watchdog(&mut errs, &watchdog_at, w, &models)),
+        });
         if let Some(d) = digest {
             keys.insert(d, agents.len());
         }
@@ -564,6 +601,7 @@ pub fn build(
                 tokens_per_minute: a.tokens_per_minute.or(spec.policy.tokens_per_minute),
                 max_in_flight: a.max_in_flight.or(spec.policy.max_in_flight),
             },
+            budgets,
             mode,
             dry_run,
         }));
@@ -585,6 +623,7 @@ pub fn build(
         providers,
         routes,
         agents,
+        guards,
         keys,
         max_body_bytes,
     })
@@ -609,6 +648,116 @@ fn parse_addr(errs: &mut Errs, path: &str, s: &str) -> Option<SocketAddr> {
             None
         }
     }
+}
+
+fn build_budgets(errs: &mut Errs, at: &str, b: Option<&spec::BudgetsSpec>) -> Budgets {
+    let d = Budgets::default();
+    let Some(b) = b else { return d };
+    let field = |f: &str| format!("{at}.budgets.{f}");
+    for (f, v) in [
+        ("task_tokens", b.task_tokens),
+        ("daily_tokens", b.daily_tokens),
+        ("task_ttl_ms", b.task_ttl_ms),
+        ("default_max_tokens", b.default_max_tokens),
+    ] {
+        if v == Some(0) {
+            errs.push(field(f), "must be at least 1");
+        }
+    }
+    Budgets {
+        task_tokens: b.task_tokens,
+        task_ttl: b.task_ttl_ms.map_or(d.task_ttl, Duration::from_millis),
+        daily_tokens: b.daily_tokens,
+        default_max_tokens: b.default_max_tokens.unwrap_or(d.default_max_tokens),
+    }
+}
+
+fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<LoopConfig> {
+    if l.enabled == Some(false) {
+        return None;
+    }
+    let d = LoopConfig::default();
+    let window = l.window.unwrap_or(d.window);
+    let repeats = l.repeats.unwrap_or(d.repeats);
+    if !(2..=1000).contains(&window) {
+        errs.push(
+            format!("{at}.loop_guard.window"),
+            "must be between 2 and 1000",
+        );
+    }
+    if repeats < 2 || repeats > window {
+        errs.push(
+            format!("{at}.loop_guard.repeats"),
+            "must be at least 2 and at most `window`",
+        );
+    }
+    let cooldown = Duration::from_millis(l.cooldown_ms.unwrap_or(d.cooldown.as_millis() as u64));
+    let max_cooldown = Duration::from_millis(
+        l.max_cooldown_ms
+            .unwrap_or(d.max_cooldown.as_millis() as u64)
+            .max(1),
+    );
+    if cooldown.is_zero() || max_cooldown < cooldown {
+        errs.push(
+            format!("{at}.loop_guard.cooldown_ms"),
+            "must be at least 1 and at most max_cooldown_ms",
+        );
+    }
+    Some(LoopConfig {
+        window,
+        repeats,
+        last_turns: l.last_turns.unwrap_or(d.last_turns).max(1),
+        ignore_fields: l.ignore_fields.clone().unwrap_or(d.ignore_fields),
+        cooldown,
+        max_cooldown,
+        clear_after: l.clear_after.unwrap_or(d.clear_after).max(1),
+        idle_ttl: d.idle_ttl,
+    })
+}
+
+fn thresholds(errs: &mut Errs, at: &str, t: &spec::ThresholdsSpec) -> Thresholds {
+    if t.budget_used.is_some_and(|b| !(b > 0.0 && b <= 1.0)) {
+        errs.push(format!("{at}.budget_used"), "must be a share in (0, 1]");
+    }
+    Thresholds {
+        calls_per_minute: t.calls_per_minute,
+        steps: t.steps,
+        latency_ms: t.latency_ms,
+        budget_used: t.budget_used,
+    }
+}
+
+fn build_watchdog(
+    errs: &mut Errs,
+    at: &str,
+    w: &spec::WatchdogSpec,
+    models: &PatternList,
+) -> Option<WatchdogConfig> {
+    let action = match (w.action, &w.degrade_to) {
+        (spec::RedActionSpec::Stop, _) => RedAction::Stop,
+        (spec::RedActionSpec::Degrade, Some(m)) => {
+            if !models.allows(m) {
+                errs.push(
+                    format!("{at}.watchdog.degrade_to"),
+                    format!("the agent may not use `{m}`"),
+                );
+            }
+            RedAction::Degrade(m.clone())
+        }
+        (spec::RedActionSpec::Degrade, None) => {
+            errs.push(
+                format!("{at}.watchdog.degrade_to"),
+                "required with action: degrade",
+            );
+            return None;
+        }
+    };
+    Some(WatchdogConfig {
+        yellow: thresholds(errs, &format!("{at}.watchdog.yellow"), &w.yellow),
+        red: thresholds(errs, &format!("{at}.watchdog.red"), &w.red),
+        action,
+        idle_ttl: Duration::from_secs(3600),
+    })
 }
 
 fn patterns(errs: &mut Errs, path: &str, items: &[String]) -> PatternList {

@@ -230,6 +230,12 @@ pub struct AgentSpec {
     pub tokens_per_minute: Option<u64>,
     #[serde(default)]
     pub max_in_flight: Option<u64>,
+    #[serde(default)]
+    pub loop_guard: Option<LoopGuardSpec>,
+    #[serde(default)]
+    pub budgets: Option<BudgetsSpec>,
+    #[serde(default)]
+    pub watchdog: Option<WatchdogSpec>,
 }
 
 /// Global rule defaults; every field can be overridden per agent.
@@ -268,4 +274,96 @@ pub struct PolicySpec {
     /// Per agent: requests in flight at once, streams included.
     #[serde(default)]
     pub max_in_flight: Option<u64>,
+    /// Agent guards; an agent's own section replaces the default one whole.
+    #[serde(default)]
+    pub loop_guard: Option<LoopGuardSpec>,
+    #[serde(default)]
+    pub budgets: Option<BudgetsSpec>,
+    #[serde(default)]
+    pub watchdog: Option<WatchdogSpec>,
+}
+
+/// Loop detection per task (`x-agent-task-id`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoopGuardSpec {
+    /// Default true when the section is present.
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// Recent fingerprints kept per task. Default 10.
+    #[serde(default)]
+    pub window: Option<usize>,
+    /// Repeats of a cycle that make a loop. Default 3.
+    #[serde(default)]
+    pub repeats: Option<usize>,
+    /// Messages at the end of `messages` that identify a call. Default 2.
+    #[serde(default)]
+    pub last_turns: Option<usize>,
+    /// Keys ignored at any depth (ids, timestamps, retry counters).
+    #[serde(default)]
+    pub ignore_fields: Option<Vec<String>>,
+    /// First cool-down; doubles per trip. Default 30000.
+    #[serde(default)]
+    pub cooldown_ms: Option<u64>,
+    /// Default 600000.
+    #[serde(default)]
+    pub max_cooldown_ms: Option<u64>,
+    /// Clean requests in a row that reset the back-off. Default 5.
+    #[serde(default)]
+    pub clear_after: Option<u32>,
+    /// Directory for a JSON snapshot per trip.
+    #[serde(default)]
+    pub snapshot_dir: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetsSpec {
+    /// Tokens one task may use in all.
+    #[serde(default)]
+    pub task_tokens: Option<u64>,
+    /// A task's budget is remembered this long. Default 86400000.
+    #[serde(default)]
+    pub task_ttl_ms: Option<u64>,
+    /// Tokens the agent may use in any 24 hours.
+    #[serde(default)]
+    pub daily_tokens: Option<u64>,
+    /// Output reserved when a request sets no `max_tokens`. Default 1024.
+    #[serde(default)]
+    pub default_max_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThresholdsSpec {
+    #[serde(default)]
+    pub calls_per_minute: Option<u32>,
+    #[serde(default)]
+    pub steps: Option<u64>,
+    #[serde(default)]
+    pub latency_ms: Option<f64>,
+    /// Share of the task budget, 0..1.
+    #[serde(default)]
+    pub budget_used: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RedActionSpec {
+    Stop,
+    Degrade,
+}
+
+/// Per-task watchdog: yellow warns, red degrades or stops.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchdogSpec {
+    #[serde(default)]
+    pub yellow: ThresholdsSpec,
+    #[serde(default)]
+    pub red: ThresholdsSpec,
+    pub action: RedActionSpec,
+    /// With `action: degrade`: the cheaper model (allowed and routed).
+    #[serde(default)]
+    pub degrade_to: Option<String>,
 }

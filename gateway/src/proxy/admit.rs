@@ -4,10 +4,16 @@
 //! contact the upstream after a `request_body_filter` error).
 
 use super::ctx::Admission;
+use super::guards;
 use crate::config::Config;
 use crate::error::GatewayError;
+use crate::metrics::Metrics;
 use bytes::{Bytes, BytesMut};
-use loopgate_policy::{inspect_body, Clock, Deny, DenyCode, Endpoint, Lease, StateStore, Verdict};
+use loopgate_breaker::LoopGuard;
+use loopgate_policy::{
+    inspect_body, replace_model, Clock, Deny, DenyCode, Endpoint, LimitRequest, LimitsTaken,
+    StateStore, Verdict, Watchdog,
+};
 use pingora_proxy::Session;
 use std::sync::Arc;
 
@@ -16,9 +22,10 @@ pub const AGENT_KEY_HEADERS: [&str; 3] = ["authorization", "x-api-key", "x-agent
 
 /// What admission decided for a request that passed it.
 pub enum Admitted {
-    /// Forward upstream with this body (already read in full), holding
-    /// this lease on the agent's limits until the exchange ends.
-    Forward(Arc<Admission>, Bytes, Lease),
+    /// Forward upstream with this body (already read in full, possibly
+    /// degraded to another model), holding this on the agent's limits until
+    /// the exchange ends.
+    Forward(Arc<Admission>, Bytes, LimitsTaken),
     /// `GET /v1/models`: answered by the gateway for this agent.
     ListModels(usize, Verdict),
 }
@@ -191,44 +198,98 @@ pub async fn admit(
     let body = read_body(session, rules.max_body_bytes, linger).await?;
     let facts = inspect_body(endpoint, &body, rules.phrases.as_deref())?;
     rules.check_body(&facts, &mut verdict)?;
-    let (route_name, route) = cfg.routes.find(&facts.model).ok_or_else(|| {
-        Deny::new(
-            DenyCode::UnknownModel,
-            format!("no route for model `{}`", truncate(&facts.model, 200)),
-        )
-    })?;
-    // All targets of a route speak one API family (checked at load).
-    if !route.targets.iter().all(|t| t.provider.serves(endpoint)) {
-        return Err(GatewayError::UnsupportedEndpoint { model: facts.model });
+    let find_route = |model: &str| {
+        let found = cfg.routes.find(model).ok_or_else(|| {
+            Deny::new(
+                DenyCode::UnknownModel,
+                format!("no route for model `{}`", truncate(model, 200)),
+            )
+        })?;
+        // All targets of a route speak one API family (checked at load).
+        if !found.1.targets.iter().all(|t| t.provider.serves(endpoint)) {
+            return Err(GatewayError::UnsupportedEndpoint {
+                model: model.to_string(),
+            });
+        }
+        Ok::<_, GatewayError>(found)
+    };
+    let (mut route_name, mut route) = find_route(&facts.model)?;
+    let mut model = facts.model.clone();
+    let mut body = body;
+
+    // Agent guards, per task: loops, then the watchdog.
+    let task = task_id(session);
+    let task_key = task.map(|t| format!("{}/{t}", rules.name));
+    let agent_guards = &cfg.guards[agent_idx];
+    if let (Some(loops), Some(key)) = (&agent_guards.loops, &task_key) {
+        let deny = guards::check_loop(state, rules, agent_guards, loops, key, endpoint, &body)?;
+        verdict.judge_external(rules, deny)?;
     }
+    let mut guard = None;
+    let mut degraded_from = None;
+    if let (Some(wd), Some(key)) = (&agent_guards.watchdog, &task_key) {
+        match guards::watch(state, rules, wd, key)? {
+            guards::Watch::Green => {}
+            guards::Watch::Warn => guard = Some("warn"),
+            guards::Watch::Stop(deny) => verdict.judge_external(rules, Some(deny))?,
+            guards::Watch::Degrade(to) if to != model => {
+                let (name, r) = find_route(&to)?;
+                if let Some(rewritten) = replace_model(&body, &to) {
+                    body = Bytes::from(rewritten);
+                    degraded_from = Some(std::mem::replace(&mut model, to));
+                    route_name = name;
+                    route = r;
+                    guard = Some("degraded");
+                }
+            }
+            guards::Watch::Degrade(_) => guard = Some("warn"),
+        }
+    }
+
     // Limits last: only a request that passed every rule uses up capacity.
-    let lease = rules
-        .admit_limits(
-            state.store,
-            state.clock.now(),
-            facts.estimated_prompt_tokens(),
-            &mut verdict,
-        )
+    let limit_req = LimitRequest {
+        estimated_prompt: facts.estimated_prompt_tokens(),
+        max_tokens: facts.max_tokens,
+        task,
+    };
+    let taken = rules
+        .admit_limits(state.store, state.clock.now(), &limit_req, &mut verdict)
         .await?;
+    if let (Some(used), Some(key)) = (taken.task_budget_used, &task_key) {
+        state.watchdog.budget_used(key, used);
+    }
     Ok(Admitted::Forward(
         Arc::new(Admission {
             request_id: request_id.to_string(),
             agent: rules.name.clone(),
-            model: facts.model,
+            model,
             route_name: Arc::from(route_name),
             route: route.clone(),
             stream: facts.stream,
             would_deny: verdict.would_deny.map(|d| d.code),
+            task_key,
+            guard,
+            degraded_from,
+            budget_room: taken.budget_room,
         }),
         body,
-        lease,
+        taken,
     ))
+}
+
+/// The task id the agent sent (`x-agent-task-id`), when it is a sane token.
+fn task_id(session: &Session) -> Option<&str> {
+    let v = session.req_header().headers.get("x-agent-task-id")?;
+    super::ids::RequestIds::accept(v.as_bytes())
 }
 
 /// The shared state admission consults besides the config snapshot.
 pub struct AdmitState<'a> {
     pub store: &'a dyn StateStore,
     pub clock: &'a dyn Clock,
+    pub loops: &'a LoopGuard,
+    pub watchdog: &'a Watchdog,
+    pub metrics: &'a Metrics,
 }
 
 /// Cuts agent-controlled text echoed in messages to a bounded length.

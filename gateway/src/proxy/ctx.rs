@@ -21,6 +21,14 @@ pub struct Admission {
     pub stream: bool,
     /// A dry-run rule would have denied this request with this code.
     pub would_deny: Option<DenyCode>,
+    /// `agent/task` when the request named a task.
+    pub task_key: Option<String>,
+    /// `x-loopgate-guard`: `warn` (watchdog yellow) or `degraded`.
+    pub guard: Option<&'static str>,
+    /// The model the agent asked for, when the watchdog degraded it.
+    pub degraded_from: Option<String>,
+    /// Output tokens a stream may produce before its budget is spent.
+    pub budget_room: Option<u64>,
 }
 
 /// Per-request state, created by `new_ctx` and filled in by the hooks.
@@ -85,8 +93,10 @@ pub struct RequestCtx {
     /// Reads the provider's reported usage from the response as it passes.
     pub usage_scanner: Option<UsageScanner>,
     pub usage: Option<Usage>,
-    /// The agent's token window, when it has one and this request took from it.
-    pub tpm_key: Option<String>,
+    /// Limit windows whose reservation the reported usage replaces.
+    pub settle_keys: Vec<String>,
+    /// Every attempt sends `original_body` (the watchdog rewrote it).
+    pub send_original: bool,
 }
 
 impl RequestCtx {
@@ -126,7 +136,8 @@ impl RequestCtx {
             lease: None,
             usage_scanner: None,
             usage: None,
-            tpm_key: None,
+            settle_keys: Vec::new(),
+            send_original: false,
         }
     }
 }

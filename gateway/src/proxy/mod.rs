@@ -21,6 +21,7 @@
 
 mod admit;
 mod ctx;
+mod guards;
 mod ids;
 mod observe;
 mod respond;
@@ -39,8 +40,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use ctx::Attempt;
 use ids::RequestIds;
-use loopgate_breaker::{BreakerSet, FailureKind, Outcome, State};
-use loopgate_policy::{replace_model, Clock, StateStore, UsageScanner};
+use loopgate_breaker::{BreakerSet, FailureKind, LoopGuard, Outcome, State};
+use loopgate_policy::{replace_model, Clock, DenyCode, StateStore, UsageScanner, Watchdog};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType};
@@ -64,6 +65,9 @@ pub struct Gateway {
     /// Circuit breakers by key; like the store, they outlive reloads.
     breakers: Arc<BreakerSet>,
     access_log: Arc<AccessLog>,
+    /// Per-task guard state; like the store, it outlives reloads.
+    loops: LoopGuard,
+    watchdog: Watchdog,
 }
 
 impl Gateway {
@@ -83,6 +87,8 @@ impl Gateway {
             metrics,
             breakers,
             access_log,
+            loops: LoopGuard::new(),
+            watchdog: Watchdog::new(),
         }
     }
 
@@ -169,6 +175,9 @@ impl Gateway {
         let state = admit::AdmitState {
             store: self.store.as_ref(),
             clock: self.clock.as_ref(),
+            loops: &self.loops,
+            watchdog: &self.watchdog,
+            metrics: &self.metrics,
         };
         let admitted = admit::admit(
             session,
@@ -191,18 +200,19 @@ impl Gateway {
                     .map_err(|e| GatewayError::Internal(format!("cannot write model list: {e}")))?;
                 Ok(true)
             }
-            Admitted::Forward(admission, body, lease) => {
+            Admitted::Forward(admission, body, taken) => {
                 ctx.bytes_in = body.len();
                 if let Some(code) = admission.would_deny {
                     self.metrics.would_deny(code);
                 }
-                let rules = &cfg.agents[agent_idx];
-                if rules.limits.tokens_per_minute.is_some() && lease.holds_window(&rules.tpm_key())
-                {
-                    ctx.tpm_key = Some(rules.tpm_key());
-                }
-                ctx.lease = Some(lease);
-                if admission.route.targets.iter().any(|t| t.model.is_some()) {
+                ctx.settle_keys = taken.settle_keys;
+                ctx.lease = Some(taken.lease);
+                if admission.degraded_from.is_some() {
+                    // The watchdog rewrote the model: Pingora's replay holds
+                    // the agent's original body, so every attempt sends ours.
+                    ctx.original_body = Some(body.clone());
+                    ctx.send_original = true;
+                } else if admission.route.targets.iter().any(|t| t.model.is_some()) {
                     // Targets rename the model: each attempt rewrites the judged body.
                     ctx.original_body = Some(body.clone());
                 }
@@ -350,6 +360,9 @@ fn sse_error_event(kind: Option<ProviderKind>, e: &GatewayError, request_id: &st
     };
     Bytes::from(event)
 }
+
+/// A stream cut because it outgrew its token budget.
+const BUDGET_CUT: ErrorType = ErrorType::Custom("budget_cut");
 
 /// Marks an upstream answer (5xx, 429) that is discarded for a fallback.
 const FALLBACK: ErrorType = ErrorType::Custom("fallback");
@@ -575,7 +588,7 @@ impl ProxyHttp for Gateway {
                 Some(renamed) => Some(Bytes::from(renamed)),
                 None => Some(base),
             },
-            (None, base) if ctx.injected_body.is_some() => base,
+            (None, base) if ctx.injected_body.is_some() || ctx.send_original => base,
             _ => None,
         };
         let mut peer = HttpPeer::new(*addr, p.tls, p.host.clone());
@@ -617,6 +630,12 @@ impl ProxyHttp for Gateway {
         if e.etype() == &FALLBACK {
             // upstream_response_filter already judged and recorded it.
             e.set_retry(true);
+            return e;
+        }
+        if e.etype() == &BUDGET_CUT {
+            // Our decision, not the provider's failure.
+            self.succeed_attempt(ctx);
+            e.set_retry(false);
             return e;
         }
         let started = respond::response_started(session);
@@ -818,8 +837,16 @@ impl ProxyHttp for Gateway {
                 resp.insert_header(respond::FALLBACK_HEADER, from.as_ref())?;
             }
         }
-        if let Some(code) = ctx.admitted.as_ref().and_then(|a| a.would_deny) {
-            resp.insert_header(respond::WOULD_DENY_HEADER, code.as_str())?;
+        if let Some(adm) = ctx.admitted.as_ref() {
+            if let Some(code) = adm.would_deny {
+                resp.insert_header(respond::WOULD_DENY_HEADER, code.as_str())?;
+            }
+            if let Some(g) = adm.guard {
+                resp.insert_header(respond::GUARD_HEADER, g)?;
+            }
+            if let Some(from) = &adm.degraded_from {
+                resp.insert_header(respond::DEGRADED_HEADER, format!("{from}->{}", adm.model))?;
+            }
         }
         // Usage feeds token metrics and limit settlement; read it as it passes.
         let ct = content_type(resp);
@@ -841,6 +868,38 @@ impl ProxyHttp for Gateway {
         if let Some(scanner) = ctx.usage_scanner.as_mut() {
             if let Some(b) = body {
                 scanner.feed(b);
+            }
+            // A stream that outgrows its task's budget is cut here, with a
+            // proper error event (fail_to_proxy); the overshoot is at most
+            // one upstream read.
+            let room = ctx.admitted.as_ref().and_then(|a| a.budget_room);
+            if let Some(room) = room.filter(|r| !end_of_stream && scanner.events() > *r) {
+                let produced = scanner.events();
+                let adm = ctx.admitted.clone();
+                let agent = adm.as_ref().map_or("-", |a| a.agent.as_ref());
+                log::warn!(
+                    "request {}: stream cut after ~{produced} tokens: budget room was {room}",
+                    ctx.request_id
+                );
+                self.metrics.budget_cuts.with_label_values(&[agent]).inc();
+                ctx.pending_error = Some(GatewayError::Denied(
+                    loopgate_policy::Deny::new(
+                        DenyCode::BudgetExceeded,
+                        format!(
+                            "stream cut after about {produced} tokens: the token budget had room for {room}"
+                        ),
+                    )
+                    .never_retryable(),
+                ));
+                ctx.usage = Some(loopgate_policy::Usage {
+                    input_tokens: 0,
+                    output_tokens: produced,
+                });
+                ctx.usage_scanner = None;
+                return Err(Error::explain(
+                    BUDGET_CUT,
+                    "token budget exhausted mid-stream",
+                ));
             }
             if end_of_stream {
                 ctx.usage = scanner.finish();
@@ -925,9 +984,11 @@ impl ProxyHttp for Gateway {
         // the token estimate with the reported usage, free the slot.
         if let Some(lease) = ctx.lease.take() {
             let now = self.clock.now();
-            if let (Some(key), Some(usage)) = (&ctx.tpm_key, ctx.usage) {
-                if let Err(err) = self.store.settle(now, &lease, key, usage.total()).await {
-                    log::warn!("request {}: {err}", ctx.request_id);
+            if let Some(usage) = ctx.usage {
+                for key in &ctx.settle_keys {
+                    if let Err(err) = self.store.settle(now, &lease, key, usage.total()).await {
+                        log::warn!("request {}: {err}", ctx.request_id);
+                    }
                 }
             }
             if let Err(err) = self.store.release(&lease).await {
@@ -959,6 +1020,9 @@ impl ProxyHttp for Gateway {
                 }
             }
             return;
+        }
+        if let Some(key) = ctx.admitted.as_ref().and_then(|a| a.task_key.as_deref()) {
+            self.watchdog.latency(key, ctx.started.elapsed());
         }
         observe::record(self, session, e, ctx);
     }

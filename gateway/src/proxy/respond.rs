@@ -12,6 +12,8 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 pub const WOULD_DENY_HEADER: &str = "x-loopgate-would-deny";
 pub const PROVIDER_HEADER: &str = "x-loopgate-provider";
 pub const FALLBACK_HEADER: &str = "x-loopgate-fallback";
+pub const GUARD_HEADER: &str = "x-loopgate-guard";
+pub const DEGRADED_HEADER: &str = "x-loopgate-degraded";
 
 /// Writes `e` as Loopgate's JSON error. Returns the status written, or 0 when
 /// nothing could be written (a response had already started, or the client

@@ -1,0 +1,188 @@
+//! Agent guards at admission: the loop guard (with its snapshot files) and
+//! the task watchdog. They deny with their own codes (`loop_detected`,
+//! `task_stopped`), never with anything that looks like an upstream
+//! timeout, so agents do not retry into them.
+
+use super::admit::AdmitState;
+use crate::access_log::rfc3339_millis;
+use crate::config::runtime::Guards;
+use crate::error::GatewayError;
+use loopgate_breaker::{fingerprint, LoopConfig, LoopVerdict, Trip};
+use loopgate_policy::{AgentRules, Deny, DenyCode, Endpoint, Level, RedAction, WatchdogConfig};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Judges the task's next request for loops. `Ok(Some(deny))` for a loop;
+/// `Err` when the state cannot be read (fail closed).
+pub fn check_loop(
+    state: &AdmitState<'_>,
+    rules: &AgentRules,
+    guards: &Guards,
+    cfg: &LoopConfig,
+    task_key: &str,
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<Option<Deny>, GatewayError> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| GatewayError::Internal(format!("body no longer parses: {e}")))?;
+    let fp = fingerprint(endpoint.path(), &value, cfg);
+    let verdict = state
+        .loops
+        .check(task_key, fp, cfg, state.clock.now())
+        .map_err(|_| {
+            GatewayError::Denied(Deny::new(
+                DenyCode::PolicyUnavailable,
+                "loop state unavailable",
+            ))
+        })?;
+    Ok(match verdict {
+        LoopVerdict::Allow => None,
+        LoopVerdict::CoolingDown { retry_after } => Some(
+            Deny::new(
+                DenyCode::LoopDetected,
+                format!("task `{task_key}` is cooling down after a detected loop"),
+            )
+            .retry_after(retry_after)
+            .never_retryable(),
+        ),
+        LoopVerdict::Tripped(trip) => {
+            log::warn!(
+                "loop detected: agent `{}` task `{task_key}`: a cycle of {} request(s) repeated {} times; blocked for {} s (trip {})",
+                rules.name,
+                trip.block_len,
+                cfg.repeats,
+                trip.cooldown.as_secs(),
+                trip.trips
+            );
+            state
+                .metrics
+                .loop_trips
+                .with_label_values(&[&rules.name])
+                .inc();
+            if let Some(dir) = &guards.snapshot_dir {
+                write_snapshot(dir.clone(), &rules.name, task_key, cfg, &trip);
+            }
+            Some(
+                Deny::new(
+                    DenyCode::LoopDetected,
+                    format!(
+                        "task `{task_key}` repeated a cycle of {} request(s) {} times; blocked for {} s",
+                        trip.block_len,
+                        cfg.repeats,
+                        trip.cooldown.as_secs()
+                    ),
+                )
+                .retry_after(trip.cooldown)
+                .never_retryable(),
+            )
+        }
+    })
+}
+
+/// Writes the trip's evidence as JSON, off the proxy thread (trips are rare).
+fn write_snapshot(
+    dir: std::path::PathBuf,
+    agent: &str,
+    task_key: &str,
+    cfg: &LoopConfig,
+    trip: &Trip,
+) {
+    let now = SystemTime::now();
+    let ms = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let task = task_key.split_once('/').map_or(task_key, |(_, t)| t);
+    let safe: String = task
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect();
+    let snapshot = serde_json::json!({
+        "time": rfc3339_millis(now),
+        "agent": agent,
+        "task": task,
+        "fingerprints": trip.trail,
+        "cycle_length": trip.block_len,
+        "thresholds": {"window": cfg.window, "repeats": cfg.repeats, "last_turns": cfg.last_turns},
+        "state": {"trips": trip.trips, "blocked_for_ms": trip.cooldown.as_millis() as u64},
+    });
+    let path = dir.join(format!("{safe}-{ms}.json"));
+    let _ = std::thread::Builder::new()
+        .name("loopgate-snapshot".into())
+        .spawn(move || {
+            let text = serde_json::to_vec_pretty(&snapshot).unwrap_or_default();
+            if let Err(e) = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, text))
+            {
+                log::error!("cannot write loop snapshot {}: {e}", path.display());
+            }
+        });
+}
+
+pub enum Watch {
+    Green,
+    Warn,
+    Stop(Deny),
+    Degrade(String),
+}
+
+/// Counts the task's call and applies the watchdog's level.
+pub fn watch(
+    state: &AdmitState<'_>,
+    rules: &AgentRules,
+    cfg: &WatchdogConfig,
+    task_key: &str,
+) -> Result<Watch, GatewayError> {
+    let r = state
+        .watchdog
+        .call(task_key, cfg, state.clock.now())
+        .map_err(|_| {
+            GatewayError::Denied(Deny::new(
+                DenyCode::PolicyUnavailable,
+                "watchdog state unavailable",
+            ))
+        })?;
+    let reason = r.reason.unwrap_or_default();
+    let level = |l: &str| {
+        state
+            .metrics
+            .guard
+            .with_label_values(&[&rules.name, l])
+            .inc()
+    };
+    Ok(match (r.level, &cfg.action) {
+        (Level::Green, _) => Watch::Green,
+        (Level::Yellow, _) => {
+            log::warn!(
+                "watchdog yellow: agent `{}` task `{task_key}`: {reason}",
+                rules.name
+            );
+            level("warn");
+            Watch::Warn
+        }
+        (Level::Red, RedAction::Stop) => {
+            log::warn!(
+                "watchdog red: agent `{}` task `{task_key}` stopped: {reason}",
+                rules.name
+            );
+            level("stop");
+            Watch::Stop(
+                Deny::new(
+                    DenyCode::TaskStopped,
+                    format!("task `{task_key}` was stopped by the watchdog: {reason}"),
+                )
+                .never_retryable(),
+            )
+        }
+        (Level::Red, RedAction::Degrade(to)) => {
+            log::warn!(
+                "watchdog red: agent `{}` task `{task_key}` degraded to `{to}`: {reason}",
+                rules.name
+            );
+            level("degrade");
+            Watch::Degrade(to.clone())
+        }
+    })
+}
