@@ -11,7 +11,55 @@
 //! `message_start` and the cumulative `usage` of `message_delta`, and the
 //! Responses API's `response.usage.{input,output}_tokens`.
 
-use serde_json::Value;
+use serde::Deserialize;
+
+// Typed views of the fields that carry usage: everything else in a response
+// is skipped by serde without building a tree (the response may be large).
+#[derive(Deserialize)]
+struct Carrier {
+    #[serde(default)]
+    usage: Option<LenientUsage>,
+    #[serde(default)]
+    message: Option<Lenient>,
+    #[serde(default)]
+    response: Option<Lenient>,
+}
+
+/// A field that is usually an object with `usage`, but may be anything
+/// else (an error's `message` string): never fail the whole parse on it.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Lenient {
+    Obj(Wrapper),
+    #[allow(dead_code)]
+    Other(serde::de::IgnoredAny),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum LenientUsage {
+    Obj(UsageFields),
+    #[allow(dead_code)]
+    Other(serde::de::IgnoredAny),
+}
+
+#[derive(Deserialize)]
+struct Wrapper {
+    #[serde(default)]
+    usage: Option<UsageFields>,
+}
+
+#[derive(Deserialize)]
+struct UsageFields {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+}
 
 /// Tokens a provider reported for one exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -117,7 +165,7 @@ impl UsageScanner {
     /// The usage seen, once the body ended.
     pub fn finish(&mut self) -> Option<Usage> {
         if let Mode::Json = self.mode {
-            if let Ok(v) = serde_json::from_slice::<Value>(&self.kept) {
+            if let Ok(v) = serde_json::from_slice::<Carrier>(&self.kept) {
                 self.absorb(&v);
             }
             self.kept = Vec::new();
@@ -139,21 +187,31 @@ impl UsageScanner {
         if !contains(data, b"usage") {
             return;
         }
-        if let Ok(v) = serde_json::from_slice::<Value>(data.trim_ascii()) {
+        if let Ok(v) = serde_json::from_slice::<Carrier>(data.trim_ascii()) {
             self.absorb(&v);
         }
     }
 
-    fn absorb(&mut self, v: &Value) {
-        for u in [&v["usage"], &v["message"]["usage"], &v["response"]["usage"]] {
-            if !u.is_object() {
-                continue;
+    fn absorb(&mut self, v: &Carrier) {
+        // (see `Lenient`: odd shapes are skipped, never fatal)
+        fn nested(w: &Option<Lenient>) -> Option<&UsageFields> {
+            match w {
+                Some(Lenient::Obj(w)) => w.usage.as_ref(),
+                _ => None,
             }
-            let n = |a: &str, b: &str| u.get(a).or_else(|| u.get(b)).and_then(Value::as_u64);
-            if let Some(i) = n("prompt_tokens", "input_tokens") {
+        }
+        let top = match &v.usage {
+            Some(LenientUsage::Obj(u)) => Some(u),
+            _ => None,
+        };
+        for u in [top, nested(&v.message), nested(&v.response)]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(i) = u.prompt_tokens.or(u.input_tokens) {
                 self.input = Some(i);
             }
-            if let Some(o) = n("completion_tokens", "output_tokens") {
+            if let Some(o) = u.completion_tokens.or(u.output_tokens) {
                 self.output = Some(o);
             }
         }

@@ -1,0 +1,96 @@
+//! Criterion: the hot-path pieces besides policy evaluation (see
+//! `policy.rs`): request fingerprinting, a breaker check and record, SSE
+//! usage scanning per chunk, and admitting through the memory store.
+//!
+//! Run: cargo bench -p loopgate-benches --bench hot_path
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use loopgate_breaker::{fingerprint, BreakerConfig, BreakerSet, LoopConfig, Outcome};
+use loopgate_policy::{MemoryStore, SlotTake, StateStore, UsageScanner, WindowTake};
+use std::time::Duration;
+
+fn bench(c: &mut Criterion) {
+    let body: serde_json::Value = serde_json::json!({
+        "model": "gpt-4o-mini", "user": "u-1", "stream": true,
+        "messages": [
+            {"role": "system", "content": "You are a careful billing assistant."},
+            {"role": "user", "content": "Find the order status for customer 4411."},
+            {"role": "assistant", "tool_calls": [{"id": "call_1", "function": {"name": "get_order", "arguments": "{\"id\":\"4411\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"status\":\"shipped\"}"}
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_order", "parameters": {"type": "object"}}}]
+    });
+    let cfg = LoopConfig::default();
+    c.bench_function("fingerprint_request", |b| {
+        b.iter(|| fingerprint("/v1/chat/completions", black_box(&body), &cfg))
+    });
+
+    let set = BreakerSet::new();
+    let bcfg = BreakerConfig::default();
+    let mut now = Duration::from_secs(1);
+    c.bench_function("breaker_acquire_and_record", |b| {
+        b.iter(|| {
+            now += Duration::from_micros(10);
+            let (t, _) = set.acquire("openai", &bcfg, now).unwrap();
+            set.record(
+                "openai",
+                t.unwrap(),
+                Outcome::Success,
+                Some(Duration::from_millis(5)),
+                now,
+            )
+            .unwrap()
+        })
+    });
+
+    let chunk = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"finish_reason\":null}]}\n\n";
+    let mut g = c.benchmark_group("sse_usage_scan");
+    g.throughput(Throughput::Bytes(chunk.len() as u64));
+    g.bench_function("per_chunk", |b| {
+        let mut s = UsageScanner::for_content_type(Some("text/event-stream"));
+        b.iter(|| s.feed(black_box(chunk.as_bytes())))
+    });
+    g.finish();
+
+    let store = MemoryStore::new();
+    // The memory store never waits, so a current-thread runtime adds little.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let windows = vec![
+        WindowTake {
+            key: "a:rpm".into(),
+            limit: u64::MAX,
+            window: Duration::from_secs(60),
+            cost: 1,
+            enforce: true,
+        },
+        WindowTake {
+            key: "a:tpm".into(),
+            limit: u64::MAX,
+            window: Duration::from_secs(60),
+            cost: 300,
+            enforce: true,
+        },
+    ];
+    let slots = vec![SlotTake {
+        key: "a:inflight".into(),
+        limit: u64::MAX,
+        enforce: true,
+    }];
+    let mut t = Duration::from_secs(1);
+    c.bench_function("store_admit_and_release", |b| {
+        b.iter(|| {
+            t += Duration::from_millis(1);
+            rt.block_on(async {
+                let out = store.admit(t, &windows, &slots).await.unwrap();
+                if let loopgate_policy::AdmitOutcome::Taken { lease, .. } = out {
+                    store.release(&lease).await.unwrap();
+                }
+            })
+        })
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
