@@ -1,9 +1,7 @@
-//! Loopgate's benchmarks.
+//! Loopgate's benchmarks (see README, "Benchmarks").
 //!
-//! - `benches/policy.rs` (criterion): evaluating a typical request with 10
-//!   vs 1,000 blocked phrases. `cargo bench -p loopgate-benches --bench policy`
-//! - `benches/quick-wrk.sh`: wrk against the mock directly and through the
-//!   gateway, same request, interleaved; prints both.
-//!
-//! The comparison against nginx and a bare Pingora passthrough arrives with
-//! the performance work.
+//! - `policy.rs`, `hot_path.rs` (criterion): the hot-path pieces.
+//! - `bare_pingora.rs`: the baseline passthrough for `compare`.
+//! - `compare`: wrk comparison against nginx and bare Pingora.
+//! - `streams`: many concurrent SSE streams, bytes and RSS per stream.
+//! - `quick-wrk.sh`: direct vs the demo gateway.
