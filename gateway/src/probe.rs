@@ -5,7 +5,7 @@
 //! non-5xx, non-429 answer closes the breaker; anything else re-opens it.
 
 use crate::config::runtime::Provider;
-use crate::config::{Config, ProviderKind};
+use crate::config::Config;
 use crate::metrics::Metrics;
 use arc_swap::ArcSwap;
 use loopgate_breaker::{BreakerSet, FailureKind, Outcome};
@@ -91,15 +91,8 @@ async fn probe(connector: &Connector, p: &Provider) -> Outcome {
         .map_err(|_| FailureKind::ServerError)?;
         let _ = req.insert_header("host", p.authority.as_str());
         let _ = req.insert_header("user-agent", "loopgate-probe");
-        if let Some(key) = &p.api_key {
-            let _ = match p.kind {
-                ProviderKind::Anthropic => req.insert_header("x-api-key", key.expose()),
-                _ => req.insert_header("authorization", format!("Bearer {}", key.expose())),
-            };
-        }
-        if p.kind == ProviderKind::Anthropic {
-            let _ = req.insert_header("anthropic-version", p.anthropic_version.as_str());
-        }
+        p.authorize(&mut req)
+            .map_err(|_| FailureKind::ServerError)?;
         session
             .write_request_header(Box::new(req))
             .await

@@ -196,6 +196,24 @@ impl Provider {
         Ok(addr)
     }
 
+    /// Puts this provider's credential (and, for Anthropic, a default
+    /// `anthropic-version`) on an upstream request, the provider's way. The
+    /// one place a provider key is written anywhere.
+    pub fn authorize(&self, req: &mut pingora::http::RequestHeader) -> pingora::Result<()> {
+        if let Some(key) = &self.api_key {
+            match self.kind {
+                ProviderKind::Anthropic => req.insert_header("x-api-key", key.expose())?,
+                ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
+                    req.insert_header("authorization", format!("Bearer {}", key.expose()))?
+                }
+            }
+        }
+        if self.kind == ProviderKind::Anthropic && !req.headers.contains_key("anthropic-version") {
+            req.insert_header("anthropic-version", self.anthropic_version.as_str())?;
+        }
+        Ok(())
+    }
+
     pub fn needs_dns(&self) -> bool {
         self.host.parse::<IpAddr>().is_err()
     }

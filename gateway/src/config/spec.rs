@@ -209,7 +209,9 @@ pub struct AgentSpec {
     /// Default: any.
     #[serde(default)]
     pub tools: Option<Vec<String>>,
-    // The rest override the same fields of `policy:` for this agent.
+    // The rest override the same fields of `policy:` for this agent. They
+    // are spelled out twice (here and in `PolicySpec`) on purpose: serde's
+    // `flatten` does not work with `deny_unknown_fields`, and strictness wins.
     #[serde(default)]
     pub mode: Option<ModeSpec>,
     #[serde(default)]

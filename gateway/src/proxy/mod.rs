@@ -700,19 +700,7 @@ impl ProxyHttp for Gateway {
         }
         // The body was already received in full (we may have sent 100 Continue).
         req.remove_header("expect");
-        if let Some(key) = &p.api_key {
-            match p.kind {
-                ProviderKind::Anthropic => {
-                    req.insert_header("x-api-key", key.expose())?;
-                }
-                ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
-                    req.insert_header("authorization", format!("Bearer {}", key.expose()))?;
-                }
-            }
-        }
-        if p.kind == ProviderKind::Anthropic && !req.headers.contains_key("anthropic-version") {
-            req.insert_header("anthropic-version", p.anthropic_version.as_str())?;
-        }
+        p.authorize(req)?;
         // A body we send ourselves needs framing that matches it exactly.
         if let Some(body) = &ctx.attempt_body {
             req.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
