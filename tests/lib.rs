@@ -19,6 +19,8 @@ pub const AGENT_KEY: &str = "test-agent-key-0001";
 pub const NARROW_KEY: &str = "test-narrow-key-0002";
 /// The provider credential the gateway injects.
 pub const UPSTREAM_KEY: &str = "sk-upstream-secret-42";
+/// A tool credential, for configs with `value_env: LOOPGATE_TEST_TOOL_KEY`.
+pub const TOOL_KEY: &str = "tool-secret-9911";
 /// The admin token, for configs with `token_env: LOOPGATE_TEST_ADMIN_TOKEN`.
 pub const ADMIN_TOKEN: &str = "adm-token-secret-77";
 /// `policy.max_body_bytes` in [`Gateway::start_default`].
@@ -223,6 +225,7 @@ impl Gateway {
                 .arg(&path)
                 .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
                 .env("LOOPGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN)
+                .env("LOOPGATE_TEST_TOOL_KEY", TOOL_KEY)
                 .env("RUST_LOG", "warn")
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())

@@ -87,10 +87,9 @@ pub fn try_reload(
                 }
             }
             // Keep known addresses so a reload never makes a provider unreachable.
-            for p in new.providers.iter().filter(|p| p.needs_dns()) {
+            for p in new.upstreams().filter(|p| p.needs_dns()) {
                 if let Some(addr) = old
-                    .providers
-                    .iter()
+                    .upstreams()
                     .find(|o| o.host == p.host && o.port == p.port)
                     .and_then(|o| o.addr.load_full())
                 {

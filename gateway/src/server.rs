@@ -99,7 +99,7 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
 }
 
 fn resolve_all(cfg: &Config) {
-    for p in cfg.providers.iter().filter(|p| p.needs_dns()) {
+    for p in cfg.upstreams().filter(|p| p.needs_dns()) {
         if let Err(e) = p.resolve() {
             log::warn!("provider `{}`: cannot resolve `{}`: {e}", p.name, p.host);
         }
@@ -203,8 +203,7 @@ impl ServeHttp for Admin {
             ),
             ("/ready", true, _) => {
                 let unresolved: Vec<&str> = cfg
-                    .providers
-                    .iter()
+                    .upstreams()
                     .filter(|p| p.addr.load().is_none())
                     .map(|p| p.name.as_str())
                     .collect();

@@ -33,13 +33,17 @@ pub enum DenyCode {
     LoopDetected,
     /// The task watchdog turned red with action `stop`.
     TaskStopped,
+    /// A tool path that is malformed or escapes its tool (`..`, `//`).
+    InvalidPath,
+    /// A body without `Content-Length` where a size limit applies.
+    LengthRequired,
     /// The policy could not be evaluated (a failed store, a poisoned lock):
     /// the request is refused, never let through.
     PolicyUnavailable,
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 23] = [
+    pub const ALL: [DenyCode; 25] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -62,6 +66,8 @@ impl DenyCode {
         DenyCode::BudgetExceeded,
         DenyCode::LoopDetected,
         DenyCode::TaskStopped,
+        DenyCode::InvalidPath,
+        DenyCode::LengthRequired,
         DenyCode::PolicyUnavailable,
     ];
 
@@ -89,6 +95,8 @@ impl DenyCode {
             DenyCode::BudgetExceeded => "budget_exceeded",
             DenyCode::LoopDetected => "loop_detected",
             DenyCode::TaskStopped => "task_stopped",
+            DenyCode::InvalidPath => "invalid_path",
+            DenyCode::LengthRequired => "length_required",
             DenyCode::PolicyUnavailable => "policy_unavailable",
         }
     }
@@ -117,6 +125,8 @@ impl DenyCode {
             | DenyCode::TooManyMessages => 400,
             DenyCode::RateLimited | DenyCode::TooManyInFlight | DenyCode::TaskStopped => 429,
             DenyCode::BudgetExceeded => 402,
+            DenyCode::InvalidPath => 400,
+            DenyCode::LengthRequired => 411,
             DenyCode::LoopDetected => 409,
             DenyCode::PolicyUnavailable => 503,
         }
@@ -137,6 +147,8 @@ impl DenyCode {
             }
             DenyCode::PolicyUnavailable => "gateway_error",
             DenyCode::MethodNotAllowed
+            | DenyCode::InvalidPath
+            | DenyCode::LengthRequired
             | DenyCode::MissingHeader
             | DenyCode::BodyTooLarge
             | DenyCode::InvalidJson

@@ -37,11 +37,22 @@ pub struct Config {
     pub agents: Vec<Arc<AgentRules>>,
     /// Loop guard and watchdog per agent, indexed like `agents`.
     pub guards: Vec<Guards>,
+    /// HTTP tool upstreams by name.
+    pub tools: HashMap<String, Arc<Tool>>,
+    /// Per agent (indexed like `agents`): the tools it may call, and how.
+    pub tool_access: Vec<HashMap<String, ToolGrant>>,
     pub keys: KeyIndex<usize>,
     pub max_body_bytes: u64,
 }
 
 impl Config {
+    /// Every upstream the gateway connects to: providers and tools.
+    pub fn upstreams(&self) -> impl Iterator<Item = &Arc<Provider>> {
+        self.providers
+            .iter()
+            .chain(self.tools.values().map(|t| &t.route.targets[0].provider))
+    }
+
     /// The running config as JSON for the admin API, every secret redacted:
     /// provider keys, the admin token and agent key digests never appear.
     pub fn redacted_json(&self) -> serde_json::Value {
@@ -126,10 +137,37 @@ impl Config {
             "access_log": format!("{:?}", self.access_log),
             "max_body_bytes": self.max_body_bytes,
             "providers": providers,
+            "tools": self.tools.values().map(|t| {
+                let p = &t.route.targets[0].provider;
+                json!({
+                    "name": t.name,
+                    "base_url": format!("{}://{}{}", if p.tls { "https" } else { "http" }, p.authority, p.base_path),
+                    "auth": (p.api_key.is_some() || p.custom_auth.is_some()).then_some("[redacted]"),
+                    "auth_header": p.custom_auth.as_ref().map(|(h, _)| h.as_str()),
+                    "probe": p.probe.as_ref().map(|pr| format!("{} {}", pr.method, pr.path)),
+                })
+            }).collect::<Vec<_>>(),
             "routes": routes,
             "agents": agents,
         })
     }
+}
+
+/// An HTTP tool upstream: a provider-like connection target with its own
+/// breaker, served through a one-target route (the gateway never retries a
+/// tool call on its own).
+#[derive(Debug)]
+pub struct Tool {
+    pub name: String,
+    pub route: Arc<Route>,
+}
+
+/// What an agent may do with one tool.
+#[derive(Debug)]
+pub struct ToolGrant {
+    pub methods: Vec<http::Method>,
+    pub paths: PatternList,
+    pub max_body_bytes: Option<u64>,
 }
 
 /// An agent's guards (the budgets live in its `AgentRules`).
@@ -168,6 +206,8 @@ pub struct Provider {
     /// One breaker per provider and agent rather than per provider.
     pub isolate_by_agent: bool,
     pub probe: Option<Probe>,
+    /// A tool's credential header (`auth.header` + `auth.value_env`).
+    pub custom_auth: Option<(http::HeaderName, Secret)>,
 }
 
 impl Provider {
@@ -200,6 +240,9 @@ impl Provider {
     /// `anthropic-version`) on an upstream request, the provider's way. The
     /// one place a provider key is written anywhere.
     pub fn authorize(&self, req: &mut pingora::http::RequestHeader) -> pingora::Result<()> {
+        if let Some((name, value)) = &self.custom_auth {
+            req.insert_header(name.clone(), value.expose())?;
+        }
         if let Some(key) = &self.api_key {
             match self.kind {
                 ProviderKind::Anthropic => req.insert_header("x-api-key", key.expose())?,
@@ -363,8 +406,16 @@ pub fn build(
         errs.push("providers", "at least one provider is required");
     }
     for (name, p) in &spec.providers {
-        if let Some(provider) = build_provider(&mut errs, name, p, env) {
+        if let Some(provider) = build_provider(&mut errs, "providers", name, p, env) {
             providers.insert(name.clone(), Arc::new(provider));
+        }
+    }
+
+    let spec_tool_names: HashSet<String> = spec.tools.keys().cloned().collect();
+    let mut tools: HashMap<String, Arc<Tool>> = HashMap::new();
+    for (name, t) in spec.tools {
+        if let Some(tool) = build_tool(&mut errs, &name, t, env) {
+            tools.insert(name, Arc::new(tool));
         }
     }
 
@@ -491,6 +542,7 @@ pub fn build(
 
     let mut agents = Vec::new();
     let mut guards = Vec::new();
+    let mut tool_access = Vec::new();
     let mut keys = KeyIndex::default();
     let mut key_owner: HashMap<String, String> = HashMap::new();
     for (name, a) in &spec.agents {
@@ -601,6 +653,52 @@ pub fn build(
             watchdog: watchdog_spec
                 .and_then(|w| build_watchdog(&mut errs, &watchdog_at, w, &models)),
         });
+        let mut grants = HashMap::new();
+        for (tool, g) in &a.tool_access {
+            let gat = format!("{at}.tool_access.{tool}");
+            if !spec_tool_names.contains(tool) {
+                errs.push(gat.clone(), format!("no tool `{tool}` under `tools:`"));
+            }
+            let mut methods = Vec::new();
+            for (j, m) in g.methods.iter().enumerate() {
+                match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                    Ok(m) => methods.push(m),
+                    Err(_) => errs.push(
+                        format!("{gat}.methods[{j}]"),
+                        format!("`{m}` is not an HTTP method"),
+                    ),
+                }
+            }
+            if methods.is_empty() {
+                errs.push(format!("{gat}.methods"), "at least one method is required");
+            }
+            if g.paths.is_empty() {
+                errs.push(
+                    format!("{gat}.paths"),
+                    "at least one path is required (\"/*\" for all)",
+                );
+            }
+            if g.paths.iter().any(|p| !p.starts_with('/')) {
+                errs.push(format!("{gat}.paths"), "paths start with /");
+            }
+            let paths = patterns(&mut errs, &format!("{gat}.paths"), &g.paths);
+            if g.max_body_bytes.is_some() {
+                check_body_limit(
+                    &mut errs,
+                    &format!("{gat}.max_body_bytes"),
+                    g.max_body_bytes.unwrap_or(0),
+                );
+            }
+            grants.insert(
+                tool.clone(),
+                ToolGrant {
+                    methods,
+                    paths,
+                    max_body_bytes: g.max_body_bytes,
+                },
+            );
+        }
+        tool_access.push(grants);
         if let Some(d) = digest {
             keys.insert(d, agents.len());
         }
@@ -642,6 +740,8 @@ pub fn build(
         routes,
         agents,
         guards,
+        tools,
+        tool_access,
         keys,
         max_body_bytes,
     })
@@ -847,11 +947,12 @@ fn check_body_limit(errs: &mut Errs, path: &str, v: u64) {
 
 fn build_provider(
     errs: &mut Errs,
+    section: &str,
     name: &str,
     p: &spec::ProviderSpec,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Option<Provider> {
-    let at = format!("providers.{name}");
+    let at = format!("{section}.{name}");
     let before = errs.list.len();
     let uri: Option<http::Uri> = match p.base_url.parse::<http::Uri>() {
         Ok(u) => Some(u),
@@ -983,6 +1084,73 @@ fn build_provider(
         breaker,
         isolate_by_agent,
         probe,
+        custom_auth: None,
+    })
+}
+
+fn build_tool(
+    errs: &mut Errs,
+    name: &str,
+    t: spec::ToolSpec,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<Tool> {
+    let at = format!("tools.{name}");
+    let (bearer, custom) = match &t.auth {
+        None => (None, None),
+        Some(a) => match (&a.bearer_env, &a.header, &a.value_env) {
+            (Some(b), None, None) => (Some(b.clone()), None),
+            (None, Some(h), Some(v)) => (None, Some((h.clone(), v.clone()))),
+            _ => {
+                errs.push(
+                    format!("{at}.auth"),
+                    "use either bearer_env, or header with value_env",
+                );
+                (None, None)
+            }
+        },
+    };
+    let as_provider = spec::ProviderSpec {
+        kind: ProviderKind::OpenaiCompatible,
+        base_url: t.base_url,
+        api_key_env: bearer,
+        anthropic_version: None,
+        timeouts: t.timeouts,
+        breaker: t.breaker,
+    };
+    let mut provider = build_provider(errs, "tools", name, &as_provider, env)?;
+    if let Some((header, var)) = custom {
+        let name_ok = http::HeaderName::from_bytes(header.as_bytes());
+        let value = env(&var).filter(|v| !v.trim().is_empty());
+        match (name_ok, value) {
+            (Ok(h), Some(v)) => provider.custom_auth = Some((h, Secret::new(v.trim().to_string()))),
+            (Err(_), _) => {
+                errs.push(
+                    format!("{at}.auth.header"),
+                    format!("`{header}` is not a header name"),
+                );
+                return None;
+            }
+            (_, None) => {
+                errs.push(
+                    format!("{at}.auth.value_env"),
+                    format!("environment variable {var} is not set or empty"),
+                );
+                return None;
+            }
+        }
+    }
+    let provider = Arc::new(provider);
+    Some(Tool {
+        name: name.to_string(),
+        route: Arc::new(Route {
+            targets: vec![Target {
+                provider,
+                weight: 1,
+                model: None,
+            }],
+            max_attempts: 1,
+            max_total: Duration::from_secs(600),
+        }),
     })
 }
 

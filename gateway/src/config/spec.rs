@@ -22,6 +22,9 @@ pub struct ConfigSpec {
     pub providers: BTreeMap<String, ProviderSpec>,
     #[serde(default)]
     pub routes: Vec<RouteSpec>,
+    /// HTTP tool upstreams, served at `/tools/{tool}/{path}`.
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolSpec>,
     #[serde(default)]
     pub agents: BTreeMap<String, AgentSpec>,
     #[serde(default)]
@@ -136,6 +139,45 @@ pub struct ProbeSpec {
     pub path: String,
 }
 
+/// An HTTP tool upstream. Its credential is injected by the gateway and
+/// never taken from the agent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSpec {
+    pub base_url: String,
+    #[serde(default)]
+    pub auth: Option<ToolAuthSpec>,
+    #[serde(default)]
+    pub timeouts: TimeoutsSpec,
+    #[serde(default)]
+    pub breaker: BreakerSpec,
+}
+
+/// Either `bearer_env`, or `header` with `value_env`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolAuthSpec {
+    #[serde(default)]
+    pub bearer_env: Option<String>,
+    #[serde(default)]
+    pub header: Option<String>,
+    #[serde(default)]
+    pub value_env: Option<String>,
+}
+
+/// What an agent may do with one HTTP tool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolAccessSpec {
+    /// e.g. `[GET]`.
+    pub methods: Vec<String>,
+    /// Paths under the tool: exact, or `prefix*`.
+    pub paths: Vec<String>,
+    /// Largest request body (needs a `Content-Length`).
+    #[serde(default)]
+    pub max_body_bytes: Option<u64>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TimeoutsSpec {
@@ -209,6 +251,9 @@ pub struct AgentSpec {
     /// Default: any.
     #[serde(default)]
     pub tools: Option<Vec<String>>,
+    /// HTTP tools (from `tools:`) the agent may call, and how. None by default.
+    #[serde(default)]
+    pub tool_access: BTreeMap<String, ToolAccessSpec>,
     // The rest override the same fields of `policy:` for this agent. They
     // are spelled out twice (here and in `PolicySpec`) on purpose: serde's
     // `flatten` does not work with `deny_unknown_fields`, and strictness wins.

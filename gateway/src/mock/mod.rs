@@ -9,6 +9,9 @@
 //! `GET /_mock/requests`, so tests can see exactly what reached a provider,
 //! and counts accepted connections and requests at `GET /_mock/stats`.
 //!
+//! Any path under `/echo` acts as a generic HTTP tool that echoes the
+//! method, path, query and body digest it received.
+//!
 //! Built on Pingora's HTTP/1 server session over a plain tokio listener:
 //! keep-alive, chunked streaming and a bound port that can be 0.
 
@@ -245,6 +248,17 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
     } else {
         serde_json::from_slice(&body).ok()
     };
+    if path.starts_with("/echo") {
+        // A generic HTTP tool: echoes what it received.
+        let echo = json!({
+            "method": method,
+            "path": path,
+            "query": session.req_header().uri.query(),
+            "body_len": body.len(),
+            "body_sha256": hex::encode(Sha256::digest(&body)),
+        });
+        return write_json(session, 200, &echo, &[]).await;
+    }
     let endpoint = match (method.as_str(), path.as_str()) {
         ("GET", "/v1/models") => {
             return write_json(session, 200, &responses::models(), &[]).await;

@@ -271,6 +271,7 @@ pub async fn admit(
             guard,
             degraded_from,
             budget_room: taken.budget_room,
+            tool_path: None,
         }),
         body,
         taken,

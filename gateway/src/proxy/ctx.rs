@@ -29,6 +29,8 @@ pub struct Admission {
     pub degraded_from: Option<String>,
     /// Output tokens a stream may produce before its budget is spent.
     pub budget_room: Option<u64>,
+    /// HTTP tool call: the path (and query) to send under the tool's base URL.
+    pub tool_path: Option<String>,
 }
 
 /// Per-request state, created by `new_ctx` and filled in by the hooks.

@@ -26,6 +26,7 @@ mod ids;
 mod observe;
 mod respond;
 mod routing;
+mod tools;
 
 use ctx::SubReport;
 pub use ctx::{Admission, RequestCtx};
@@ -169,7 +170,12 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<bool, GatewayError> {
         let cfg = self.config.load_full();
-        let endpoint = admit::endpoint_of(session)?;
+        let is_tool = tools::split(session.req_header().uri.path()).is_some();
+        let endpoint = if is_tool {
+            None
+        } else {
+            Some(admit::endpoint_of(session)?)
+        };
         let agent_idx = admit::authenticate(session, &cfg)?;
         ctx.agent = Some(cfg.agents[agent_idx].name.clone());
         let state = admit::AdmitState {
@@ -179,16 +185,21 @@ impl Gateway {
             watchdog: &self.watchdog,
             metrics: &self.metrics,
         };
-        let admitted = admit::admit(
-            session,
-            &cfg,
-            &state,
-            agent_idx,
-            endpoint,
-            &ctx.request_id,
-            &mut ctx.linger,
-        )
-        .await?;
+        let admitted = match endpoint {
+            Some(endpoint) => {
+                admit::admit(
+                    session,
+                    &cfg,
+                    &state,
+                    agent_idx,
+                    endpoint,
+                    &ctx.request_id,
+                    &mut ctx.linger,
+                )
+                .await?
+            }
+            None => tools::admit_tool(session, &cfg, &state, agent_idx, &ctx.request_id).await?,
+        };
         match admitted {
             Admitted::ListModels(agent_idx, verdict) => {
                 let would_deny = verdict.would_deny.map(|d| d.code);
@@ -217,6 +228,10 @@ impl Gateway {
                     ctx.original_body = Some(body.clone());
                 }
                 ctx.admitted = Some(admission.clone());
+                if admission.tool_path.is_some() {
+                    // A tool's body was not read: it streams through as sent.
+                    return Ok(false);
+                }
                 if body.len() <= RETRY_BUFFER_LIMIT
                     && !session.downstream_session.retry_buffer_truncated()
                 {
@@ -698,8 +713,11 @@ impl ProxyHttp for Gateway {
         for h in admit::AGENT_KEY_HEADERS {
             req.remove_header(h);
         }
-        // The body was already received in full (we may have sent 100 Continue).
-        req.remove_header("expect");
+        let tool_path = ctx.admitted.as_ref().and_then(|a| a.tool_path.clone());
+        if tool_path.is_none() {
+            // The body was already received in full (we may have sent 100 Continue).
+            req.remove_header("expect");
+        }
         p.authorize(req)?;
         // A body we send ourselves needs framing that matches it exactly.
         if let Some(body) = &ctx.attempt_body {
@@ -711,7 +729,12 @@ impl ProxyHttp for Gateway {
         }
         req.insert_header("host", p.authority.as_str())?;
         req.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
-        if !p.base_path.is_empty() {
+        if let Some(tp) = tool_path {
+            let uri = format!("{}{}", p.base_path, tp)
+                .parse::<http::Uri>()
+                .map_err(|e| Error::because(ErrorType::InternalError, "tool uri", e))?;
+            req.set_uri(uri);
+        } else if !p.base_path.is_empty() {
             let pq = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
             let uri = format!("{}{}", p.base_path, pq)
                 .parse::<http::Uri>()
@@ -842,7 +865,9 @@ impl ProxyHttp for Gateway {
             ctx.streaming = true;
             self.metrics.active_streams.inc();
         }
-        ctx.usage_scanner = Some(UsageScanner::for_content_type(ct));
+        if ctx.admitted.as_ref().is_some_and(|a| a.tool_path.is_none()) {
+            ctx.usage_scanner = Some(UsageScanner::for_content_type(ct));
+        }
         Ok(())
     }
 

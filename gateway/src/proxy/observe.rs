@@ -118,10 +118,17 @@ pub fn record(gw: &Gateway, session: &mut Session, _e: Option<&Error>, ctx: &mut
         agent_id: ctx.agent.as_deref(),
         task_id: header(session, "x-agent-task-id"),
         call_id: header(session, "x-agent-call-id"),
-        tool_name: header(session, "x-agent-tool-name"),
+        tool_name: header(session, "x-agent-tool-name").or_else(|| {
+            adm.as_ref()
+                .filter(|a| a.tool_path.is_some())
+                .map(|a| a.route_name.as_ref())
+        }),
         method: req.method.as_str(),
         path: clip(req.uri.path(), 256),
-        model: adm.as_ref().map(|a| clip(&a.model, MAX_ID)),
+        model: adm
+            .as_ref()
+            .filter(|a| !a.model.is_empty())
+            .map(|a| clip(&a.model, MAX_ID)),
         stream: adm.as_ref().is_some_and(|a| a.stream),
         provider,
         breaker_state,

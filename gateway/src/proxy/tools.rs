@@ -1,0 +1,220 @@
+//! Admission of HTTP tool calls: `/tools/{tool}/{path}` on the proxy port.
+//!
+//! The agent's key decides which tools, methods and paths it may use; the
+//! path is percent-decoded and checked before matching, so an encoded
+//! traversal (`%2e%2e`, `%2f`) can never reach another path of the tool.
+//! Bodies of any type are not read here: they stream through unchanged
+//! (a size limit is checked on `Content-Length`).
+
+use super::admit::{AdmitState, Admitted};
+use super::ctx::Admission;
+use crate::config::Config;
+use crate::error::GatewayError;
+use loopgate_policy::{Deny, DenyCode, LimitRequest, Verdict};
+use pingora_proxy::Session;
+use std::sync::Arc;
+
+/// `Some((tool, rest))` for a `/tools/...` path; `rest` keeps its leading `/`.
+pub fn split(path: &str) -> Option<(&str, &str)> {
+    let after = path.strip_prefix("/tools/")?;
+    Some(match after.find('/') {
+        Some(i) => (&after[..i], &after[i..]),
+        None => (after, "/"),
+    })
+}
+
+/// Decodes `raw` and refuses anything that could leave the tool's path:
+/// `.`/`..` segments, empty segments (`//`), backslashes, control bytes and
+/// malformed escapes. Returns the decoded path, used for matching.
+pub fn normalize(raw: &str) -> Result<String, String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = raw
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or("malformed percent-escape")?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    let decoded = String::from_utf8(out).map_err(|_| "path is not UTF-8")?;
+    if decoded.bytes().any(|b| b < 0x20 || b == 0x7f || b == b'\\') {
+        return Err("control characters and backslashes are not allowed".into());
+    }
+    let segments: Vec<&str> = decoded.split('/').skip(1).collect();
+    for (k, seg) in segments.iter().enumerate() {
+        if *seg == "." || *seg == ".." {
+            return Err("`.` and `..` segments are not allowed".into());
+        }
+        if seg.is_empty() && k + 1 < segments.len() {
+            return Err("empty segments (`//`) are not allowed".into());
+        }
+    }
+    Ok(decoded)
+}
+
+pub async fn admit_tool(
+    session: &mut Session,
+    cfg: &Config,
+    state: &AdmitState<'_>,
+    agent_idx: usize,
+    request_id: &str,
+) -> Result<Admitted, GatewayError> {
+    let rules = &cfg.agents[agent_idx];
+    let req = session.req_header();
+    let path = req.uri.path();
+    let (tool_name, rest) = split(path).unwrap_or(("", "/"));
+    let tool = cfg.tools.get(tool_name).ok_or_else(|| {
+        Deny::new(
+            DenyCode::NotFound,
+            format!("no such tool: `{}`", clip(tool_name)),
+        )
+    })?;
+    let grant = cfg.tool_access[agent_idx].get(tool_name).ok_or_else(|| {
+        Deny::new(
+            DenyCode::ToolNotAllowed,
+            format!("agent `{}` may not call tool `{tool_name}`", rules.name),
+        )
+    })?;
+    if !grant.methods.contains(&req.method) {
+        return Err(Deny::new(
+            DenyCode::MethodNotAllowed,
+            format!(
+                "agent `{}` may not use {} on tool `{tool_name}`",
+                rules.name, req.method
+            ),
+        )
+        .into());
+    }
+    let decoded = normalize(rest)
+        .map_err(|why| Deny::new(DenyCode::InvalidPath, format!("invalid tool path: {why}")))?;
+    if !grant.paths.allows(&decoded) {
+        return Err(Deny::new(
+            DenyCode::PathNotAllowed,
+            format!(
+                "agent `{}` may not call `{}` on tool `{tool_name}`",
+                rules.name,
+                clip(&decoded)
+            ),
+        )
+        .into());
+    }
+    if let Some(limit) = grant.max_body_bytes {
+        let len = req
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let chunked = req.headers.contains_key(http::header::TRANSFER_ENCODING);
+        match len {
+            Some(n) if n > limit => {
+                session.set_keepalive(None);
+                return Err(Deny::new(
+                    DenyCode::BodyTooLarge,
+                    format!("request body exceeds the limit of {limit} bytes"),
+                )
+                .into());
+            }
+            None if chunked => {
+                session.set_keepalive(None);
+                return Err(Deny::new(
+                    DenyCode::LengthRequired,
+                    "this tool has a body size limit: send Content-Length",
+                )
+                .into());
+            }
+            _ => {}
+        }
+    }
+    // Request limits (per minute, in flight) apply to tool calls too.
+    let mut verdict = Verdict::default();
+    let taken = rules
+        .admit_limits(
+            state.store,
+            state.clock.now(),
+            &LimitRequest {
+                estimated_prompt: 0,
+                max_tokens: Some(0),
+                task: None,
+            },
+            &mut verdict,
+        )
+        .await?;
+    let query = req.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    Ok(Admitted::Forward(
+        Arc::new(Admission {
+            request_id: request_id.to_string(),
+            agent: rules.name.clone(),
+            model: String::new(),
+            route_name: Arc::from(tool.name.as_str()),
+            route: tool.route.clone(),
+            stream: false,
+            would_deny: verdict.would_deny.map(|d| d.code),
+            task_key: None,
+            guard: None,
+            degraded_from: None,
+            budget_room: None,
+            // The raw (validated) path: the tool decodes it as we did.
+            tool_path: Some(format!("{rest}{query}")),
+        }),
+        bytes::Bytes::new(),
+        taken,
+    ))
+}
+
+fn clip(s: &str) -> &str {
+    let mut end = s.len().min(200);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_tool_paths() {
+        assert_eq!(
+            split("/tools/weather/v1/forecast"),
+            Some(("weather", "/v1/forecast"))
+        );
+        assert_eq!(split("/tools/weather"), Some(("weather", "/")));
+        assert_eq!(split("/v1/chat/completions"), None);
+    }
+
+    #[test]
+    fn traversal_in_any_spelling_is_refused() {
+        for bad in [
+            "/a/../b",
+            "/..",
+            "/a/./b",
+            "/a//b",
+            "/%2e%2e/admin",
+            "/a%2f..%2fb",
+            "/a%2F%2E%2E%2Fb",
+            "/a\\b",
+            "/a%5cb",
+            "/a%00",
+            "/%zz",
+            "/%2",
+            "/a%0d%0ab",
+        ] {
+            assert!(normalize(bad).is_err(), "{bad}");
+        }
+        assert_eq!(normalize("/v1/forecast").unwrap(), "/v1/forecast");
+        assert_eq!(
+            normalize("/v1/city/S%C3%A3o%20Paulo").unwrap(),
+            "/v1/city/São Paulo"
+        );
+        assert_eq!(normalize("/orders/").unwrap(), "/orders/");
+        assert_eq!(normalize("/").unwrap(), "/");
+    }
+}

@@ -1,0 +1,260 @@
+//! HTTP tool upstreams at `/tools/{tool}/{path}`: who may call what, with
+//! whose credential, and a breaker per tool.
+
+use loopgate_tests::*;
+
+fn config(mock: &Mock, breaker: &str) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+threads: 2
+providers:
+  oa: {{ kind: openai_compatible, base_url: "{mock}" }}
+routes:
+  - models: [gpt-4o-mini]
+    targets: [ {{ provider: oa }} ]
+tools:
+  weather:
+    base_url: "{mock}/echo/weather"
+    auth: {{ header: x-tool-key, value_env: LOOPGATE_TEST_TOOL_KEY }}
+    breaker: {{ {breaker} }}
+  orders:
+    base_url: "{mock}/echo/orders"
+    auth: {{ bearer_env: LOOPGATE_TEST_TOOL_KEY }}
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: [gpt-4o-mini]
+    tool_access:
+      weather: {{ methods: [GET], paths: ["/v1/forecast", "/v1/city/*"] }}
+      orders: {{ methods: [GET, POST], paths: ["/orders*"], max_body_bytes: 2097152 }}
+  narrow:
+    key_sha256: "{narrow}"
+    models: [gpt-4o-mini]
+"#,
+        mock = mock.url(),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+        narrow = sha256_hex(NARROW_KEY.as_bytes()),
+    )
+}
+
+fn start(mock: &Mock, breaker: &str) -> Gateway {
+    Gateway::start(&config(mock, breaker))
+}
+
+fn get(gw: &Gateway, key: &str, path: &str) -> Resp {
+    curl(&[&gw.url(path), "--path-as-is", "-H", &auth(key)])
+}
+
+#[test]
+fn an_allowed_call_goes_to_the_tool_with_its_credential_only() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let r = get(
+        &gw,
+        AGENT_KEY,
+        "/tools/weather/v1/forecast?city=Paris&days=3",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let echo = r.json();
+    assert_eq!(echo["path"], "/echo/weather/v1/forecast");
+    assert_eq!(echo["query"], "city=Paris&days=3");
+    assert_eq!(r.header("x-loopgate-provider"), Some("weather"));
+    let seen = mock.last_request();
+    assert_eq!(recorded_header(&seen, "x-tool-key"), Some(TOOL_KEY));
+    assert!(!seen["headers"].to_string().contains(AGENT_KEY));
+    assert_eq!(recorded_header(&seen, "authorization"), None);
+    // Bearer credentials, and encoded names that stay inside the allowed prefix.
+    let r = get(&gw, AGENT_KEY, "/tools/weather/v1/city/S%C3%A3o%20Paulo");
+    assert_eq!(r.status, 200);
+    let r = get(&gw, AGENT_KEY, "/tools/orders/orders/42");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        recorded_header(&mock.last_request(), "authorization"),
+        Some(format!("Bearer {TOOL_KEY}").as_str())
+    );
+}
+
+#[test]
+fn bodies_of_any_type_stream_through_unchanged() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let body: Vec<u8> = (0..1_500_000u32).map(|i| (i % 251) as u8).collect();
+    let r = curl_body(
+        &[
+            &gw.url("/tools/orders/orders/upload"),
+            "-H",
+            &auth(AGENT_KEY),
+            "-H",
+            "content-type: application/octet-stream",
+        ],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["body_sha256"], sha256_hex(&body));
+    assert_eq!(
+        recorded_header(&mock.last_request(), "content-type"),
+        Some("application/octet-stream")
+    );
+}
+
+#[test]
+fn every_tool_denial_is_answered_without_forwarding() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let key = auth(AGENT_KEY);
+    let narrow = auth(NARROW_KEY);
+    let cases: Vec<(Vec<String>, u16, &str)> = vec![
+        (
+            vec![gw.url("/tools/weather/v1/forecast")],
+            401,
+            "missing_key",
+        ),
+        (
+            vec![gw.url("/tools/nope/x"), "-H".into(), key.clone()],
+            404,
+            "not_found",
+        ),
+        (
+            vec![
+                gw.url("/tools/weather/v1/forecast"),
+                "-H".into(),
+                narrow.clone(),
+            ],
+            403,
+            "tool_not_allowed",
+        ),
+        (
+            vec![
+                gw.url("/tools/weather/v1/forecast"),
+                "-X".into(),
+                "POST".into(),
+                "-H".into(),
+                key.clone(),
+            ],
+            405,
+            "method_not_allowed",
+        ),
+        (
+            vec![gw.url("/tools/weather/v1/admin"), "-H".into(), key.clone()],
+            403,
+            "path_not_allowed",
+        ),
+        (
+            vec![
+                gw.url("/tools/weather/v1/forecast2"),
+                "-H".into(),
+                key.clone(),
+            ],
+            403,
+            "path_not_allowed",
+        ),
+        (
+            vec![
+                gw.url("/tools/weather/v1/city/../../admin"),
+                "--path-as-is".into(),
+                "-H".into(),
+                key.clone(),
+            ],
+            400,
+            "invalid_path",
+        ),
+        (
+            vec![
+                gw.url("/tools/weather/v1/city/%2e%2e/%2e%2e/admin"),
+                "-H".into(),
+                key.clone(),
+            ],
+            400,
+            "invalid_path",
+        ),
+        (
+            vec![
+                gw.url("/tools/weather/v1/city/x%2f..%2f..%2fadmin"),
+                "-H".into(),
+                key.clone(),
+            ],
+            400,
+            "invalid_path",
+        ),
+        (
+            vec![
+                gw.url("/tools/weather/v1//forecast"),
+                "--path-as-is".into(),
+                "-H".into(),
+                key.clone(),
+            ],
+            400,
+            "invalid_path",
+        ),
+        (
+            vec![
+                gw.url("/tools/orders/orders"),
+                "-H".into(),
+                key.clone(),
+                "-H".into(),
+                "Transfer-Encoding: chunked".into(),
+                "-d".into(),
+                "x".into(),
+            ],
+            411,
+            "length_required",
+        ),
+    ];
+    for (args, status, code) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let r = curl(&args);
+        r.assert_gateway_error(status, code);
+    }
+    let big = vec![b'x'; 2_097_153];
+    curl_body(&[&gw.url("/tools/orders/orders"), "-H", &key], &big)
+        .assert_gateway_error(413, "body_too_large");
+    assert!(mock.requests().is_empty(), "{:?}", mock.requests());
+}
+
+#[test]
+fn a_tool_breaker_opens_on_a_500_storm_and_half_open_sends_only_the_probe() {
+    let mock = Mock::start();
+    let gw = start(
+        &mock,
+        "consecutive_failures: 3, open_ms: 600, probe: { path: /health }",
+    );
+    for _ in 0..3 {
+        let r = curl(&[
+            &gw.url("/tools/weather/v1/forecast"),
+            "-H",
+            &auth(AGENT_KEY),
+            "-H",
+            "x-mock-status: 500",
+        ]);
+        assert_eq!(r.status, 500);
+    }
+    let r = get(&gw, AGENT_KEY, "/tools/weather/v1/forecast");
+    r.assert_gateway_error(503, "circuit_open");
+    assert_eq!(mock.requests().len(), 3);
+    // The probe (GET {base}/health) closes it; no agent call was the probe.
+    assert!(eventually(5, || mock
+        .requests()
+        .iter()
+        .any(|r| r["path"] == "/echo/weather/health")));
+    assert!(eventually(5, || get(
+        &gw,
+        AGENT_KEY,
+        "/tools/weather/v1/forecast"
+    )
+    .status
+        == 200));
+    let probe = mock
+        .requests()
+        .into_iter()
+        .find(|r| r["path"] == "/echo/weather/health")
+        .unwrap();
+    assert_eq!(probe["method"], "GET");
+    assert_eq!(recorded_header(&probe, "x-tool-key"), Some(TOOL_KEY));
+    let agent_calls = mock
+        .requests()
+        .iter()
+        .filter(|r| r["path"] == "/echo/weather/v1/forecast")
+        .count();
+    assert_eq!(agent_calls, 4, "3 failing calls and the one after closing");
+}
