@@ -21,6 +21,14 @@ tools:
   orders:
     base_url: "{mock}/echo/orders"
     auth: {{ bearer_env: LOOPGATE_TEST_TOOL_KEY }}
+  ledger:
+    base_url: "{mock}/echo/ledger"
+    timeouts: {{ read_ms: 500 }}
+    idempotency: {{ mode: required }}
+  retrying:
+    base_url: "{mock}/echo/retrying"
+    timeouts: {{ read_ms: 500 }}
+    idempotency: {{ mode: optional, retry_after_failure: true }}
 agents:
   tester:
     key_sha256: "{agent}"
@@ -28,6 +36,8 @@ agents:
     tool_access:
       weather: {{ methods: [GET], paths: ["/v1/forecast", "/v1/city/*"] }}
       orders: {{ methods: [GET, POST], paths: ["/orders*"], max_body_bytes: 2097152 }}
+      ledger: {{ methods: [GET, POST], paths: ["/*"] }}
+      retrying: {{ methods: [POST], paths: ["/*"] }}
   narrow:
     key_sha256: "{narrow}"
     models: [gpt-4o-mini]
@@ -257,4 +267,137 @@ fn a_tool_breaker_opens_on_a_500_storm_and_half_open_sends_only_the_probe() {
         .filter(|r| r["path"] == "/echo/weather/v1/forecast")
         .count();
     assert_eq!(agent_calls, 4, "3 failing calls and the one after closing");
+}
+
+fn post(gw: &Gateway, path: &str, key: Option<&str>, extra: &[&str], body: &[u8]) -> Resp {
+    let url = gw.url(path);
+    let auth = auth(AGENT_KEY);
+    let k = key.map(|k| format!("Idempotency-Key: {k}"));
+    let mut args = vec![
+        url.as_str(),
+        "-H",
+        &auth,
+        "-H",
+        "content-type: application/json",
+    ];
+    if let Some(k) = &k {
+        args.extend(["-H", k.as_str()]);
+    }
+    args.extend_from_slice(extra);
+    curl_body(&args, body)
+}
+
+fn tool_calls(mock: &Mock, path: &str) -> usize {
+    mock.requests().iter().filter(|r| r["path"] == path).count()
+}
+
+#[test]
+fn idempotency_keys_replay_refuse_and_protect() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let body = br#"{"amount":42,"to":"acct-7"}"#;
+    // Required and missing (or malformed): refused, not forwarded.
+    post(&gw, "/tools/ledger/transfers", None, &[], body)
+        .assert_gateway_error(400, "idempotency_key_required");
+    post(&gw, "/tools/ledger/transfers", Some("bad key!"), &[], body)
+        .assert_gateway_error(400, "idempotency_key_required");
+    // Reads need no key.
+    assert_eq!(get(&gw, AGENT_KEY, "/tools/ledger/balance").status, 200);
+
+    let first = post(&gw, "/tools/ledger/transfers", Some("k-1"), &[], body);
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(first.header("x-loopgate-idempotent-replay"), None);
+    assert_eq!(tool_calls(&mock, "/echo/ledger/transfers"), 1);
+    // The same call again: the recorded answer, not a second transfer.
+    let again = post(&gw, "/tools/ledger/transfers", Some("k-1"), &[], body);
+    assert_eq!(again.status, 200);
+    assert_eq!(again.header("x-loopgate-idempotent-replay"), Some("true"));
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.header("content-type"), Some("application/json"));
+    assert_eq!(tool_calls(&mock, "/echo/ledger/transfers"), 1);
+    // The same key with another body.
+    post(
+        &gw,
+        "/tools/ledger/transfers",
+        Some("k-1"),
+        &[],
+        br#"{"amount":43}"#,
+    )
+    .assert_gateway_error(422, "idempotency_key_reused");
+    assert_eq!(tool_calls(&mock, "/echo/ledger/transfers"), 1);
+}
+
+#[test]
+fn of_two_concurrent_duplicates_exactly_one_reaches_the_tool() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let url = gw.url("/tools/ledger/slow");
+    let key = auth(AGENT_KEY);
+    let first = std::thread::spawn(move || {
+        curl(&[
+            &url,
+            "-H",
+            &key,
+            "-H",
+            "Idempotency-Key: k-2",
+            "-H",
+            "x-mock-latency-ms: 400",
+            "-d",
+            "{}",
+        ])
+    });
+    assert!(eventually(5, || tool_calls(&mock, "/echo/ledger/slow") == 1));
+    let dup = post(
+        &gw,
+        "/tools/ledger/slow",
+        Some("k-2"),
+        &["-H", "x-mock-latency-ms: 400"],
+        b"{}",
+    );
+    dup.assert_gateway_error(409, "request_in_progress");
+    assert_eq!(dup.json()["error"]["retryable"], true);
+    assert_eq!(first.join().unwrap().status, 200);
+    assert_eq!(tool_calls(&mock, "/echo/ledger/slow"), 1);
+    let later = post(&gw, "/tools/ledger/slow", Some("k-2"), &[], b"{}");
+    assert_eq!(later.header("x-loopgate-idempotent-replay"), Some("true"));
+    assert_eq!(tool_calls(&mock, "/echo/ledger/slow"), 1);
+}
+
+#[test]
+fn a_call_lost_in_transport_is_not_repeated_unless_the_tool_allows_it() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let slow = ["-H", "x-mock-latency-ms: 2000"];
+    post(&gw, "/tools/ledger/pay", Some("k-3"), &slow, b"{}")
+        .assert_gateway_error(504, "upstream_timeout");
+    post(&gw, "/tools/ledger/pay", Some("k-3"), &[], b"{}")
+        .assert_gateway_error(409, "outcome_unknown");
+    assert_eq!(tool_calls(&mock, "/echo/ledger/pay"), 1, "never sent twice");
+    // A tool that says retries are safe gets the retry.
+    post(&gw, "/tools/retrying/pay", Some("k-4"), &slow, b"{}")
+        .assert_gateway_error(504, "upstream_timeout");
+    assert_eq!(
+        post(&gw, "/tools/retrying/pay", Some("k-4"), &[], b"{}").status,
+        200
+    );
+    assert_eq!(tool_calls(&mock, "/echo/retrying/pay"), 2);
+    // Optional mode: no key, no idempotency.
+    assert_eq!(
+        post(&gw, "/tools/retrying/pay", None, &[], b"{}").status,
+        200
+    );
+}
+
+#[test]
+fn large_idempotent_bodies_are_forwarded_whole_and_replayed() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let body: Vec<u8> = std::iter::repeat_n(b'a', 300 * 1024).collect();
+    let first = post(&gw, "/tools/ledger/import", Some("k-5"), &[], &body);
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(first.json()["body_sha256"], sha256_hex(&body));
+    let again = post(&gw, "/tools/ledger/import", Some("k-5"), &[], &body);
+    assert_eq!(again.header("x-loopgate-idempotent-replay"), Some("true"));
+    assert_eq!(again.body, first.body);
+    assert_eq!(tool_calls(&mock, "/echo/ledger/import"), 1);
 }

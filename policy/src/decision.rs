@@ -33,6 +33,14 @@ pub enum DenyCode {
     LoopDetected,
     /// The task watchdog turned red with action `stop`.
     TaskStopped,
+    /// A side-effecting tool call without the `Idempotency-Key` it requires.
+    IdempotencyKeyRequired,
+    /// The first request with this idempotency key is still running.
+    RequestInProgress,
+    /// The idempotency key was used before with a different body.
+    IdempotencyKeyReused,
+    /// The first request with this key may or may not have taken effect.
+    OutcomeUnknown,
     /// A tool path that is malformed or escapes its tool (`..`, `//`).
     InvalidPath,
     /// A body without `Content-Length` where a size limit applies.
@@ -43,7 +51,7 @@ pub enum DenyCode {
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 25] = [
+    pub const ALL: [DenyCode; 29] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -68,6 +76,10 @@ impl DenyCode {
         DenyCode::TaskStopped,
         DenyCode::InvalidPath,
         DenyCode::LengthRequired,
+        DenyCode::IdempotencyKeyRequired,
+        DenyCode::RequestInProgress,
+        DenyCode::IdempotencyKeyReused,
+        DenyCode::OutcomeUnknown,
         DenyCode::PolicyUnavailable,
     ];
 
@@ -96,6 +108,10 @@ impl DenyCode {
             DenyCode::LoopDetected => "loop_detected",
             DenyCode::TaskStopped => "task_stopped",
             DenyCode::InvalidPath => "invalid_path",
+            DenyCode::IdempotencyKeyRequired => "idempotency_key_required",
+            DenyCode::RequestInProgress => "request_in_progress",
+            DenyCode::IdempotencyKeyReused => "idempotency_key_reused",
+            DenyCode::OutcomeUnknown => "outcome_unknown",
             DenyCode::LengthRequired => "length_required",
             DenyCode::PolicyUnavailable => "policy_unavailable",
         }
@@ -125,7 +141,9 @@ impl DenyCode {
             | DenyCode::TooManyMessages => 400,
             DenyCode::RateLimited | DenyCode::TooManyInFlight | DenyCode::TaskStopped => 429,
             DenyCode::BudgetExceeded => 402,
-            DenyCode::InvalidPath => 400,
+            DenyCode::InvalidPath | DenyCode::IdempotencyKeyRequired => 400,
+            DenyCode::RequestInProgress | DenyCode::OutcomeUnknown => 409,
+            DenyCode::IdempotencyKeyReused => 422,
             DenyCode::LengthRequired => 411,
             DenyCode::LoopDetected => 409,
             DenyCode::PolicyUnavailable => 503,
@@ -149,6 +167,10 @@ impl DenyCode {
             DenyCode::MethodNotAllowed
             | DenyCode::InvalidPath
             | DenyCode::LengthRequired
+            | DenyCode::IdempotencyKeyRequired
+            | DenyCode::RequestInProgress
+            | DenyCode::IdempotencyKeyReused
+            | DenyCode::OutcomeUnknown
             | DenyCode::MissingHeader
             | DenyCode::BodyTooLarge
             | DenyCode::InvalidJson
@@ -165,7 +187,10 @@ impl DenyCode {
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            DenyCode::RateLimited | DenyCode::TooManyInFlight | DenyCode::PolicyUnavailable
+            DenyCode::RateLimited
+                | DenyCode::TooManyInFlight
+                | DenyCode::RequestInProgress
+                | DenyCode::PolicyUnavailable
         )
     }
 

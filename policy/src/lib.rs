@@ -49,7 +49,8 @@ pub use phrases::PhraseMatcher;
 pub use rewrite::replace_model;
 pub use rules::{AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, Verdict};
 pub use store::{
-    AdmitOutcome, Lease, MemoryStore, Refusal, SlotTake, StateStore, StoreError, WindowTake,
+    AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease, MemoryStore, Refusal, SlotTake,
+    StateStore, StoreError, WindowTake,
 };
 pub use usage::{Usage, UsageScanner};
 pub use watchdog::{Level, Reading, RedAction, Thresholds, Watchdog, WatchdogConfig};

@@ -638,6 +638,24 @@ mod tests {
         async fn release(&self, _: &Lease) -> Result<(), crate::StoreError> {
             Err(crate::StoreError("connection refused".into()))
         }
+        async fn idem_begin(
+            &self,
+            _: Duration,
+            _: &str,
+            _: [u8; 32],
+            _: Duration,
+            _: bool,
+        ) -> Result<crate::store::IdemBegin, crate::StoreError> {
+            Err(crate::StoreError("connection refused".into()))
+        }
+        async fn idem_finish(
+            &self,
+            _: Duration,
+            _: &str,
+            _: Option<crate::store::IdemOutcome>,
+        ) -> Result<(), crate::StoreError> {
+            Err(crate::StoreError("connection refused".into()))
+        }
     }
 
     fn one() -> LimitRequest<'static> {

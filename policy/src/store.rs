@@ -101,8 +101,59 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+/// A recorded tool response, replayed for a repeated idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdemRecord {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// How the first request with an idempotency key ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdemOutcome {
+    /// Answered, and the answer is recorded.
+    Done(IdemRecord),
+    /// Sent, but no (complete) answer came: it may or may not have acted.
+    Failed,
+    /// Answered, but too large to record for replay.
+    Unrecorded,
+}
+
+/// What `idem_begin` found for a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdemBegin {
+    /// First use (or a retry allowed after a failure): forward it.
+    Fresh,
+    InFlight,
+    Ended(IdemOutcome),
+    /// The key was used with another body.
+    Mismatch,
+}
+
 #[async_trait]
 pub trait StateStore: Send + Sync + fmt::Debug {
+    /// Claims idempotency key `key` for a body with SHA-256 `body_sha`, for
+    /// `ttl`. Atomic: of two concurrent duplicates exactly one is `Fresh`.
+    /// With `retry_failed`, a key whose first request failed is claimed again.
+    async fn idem_begin(
+        &self,
+        now: Duration,
+        key: &str,
+        body_sha: [u8; 32],
+        ttl: Duration,
+        retry_failed: bool,
+    ) -> Result<IdemBegin, StoreError>;
+
+    /// Records how the claimed request ended; `None` forgets the key (the
+    /// request never reached the tool, so repeating it is safe).
+    async fn idem_finish(
+        &self,
+        now: Duration,
+        key: &str,
+        outcome: Option<IdemOutcome>,
+    ) -> Result<(), StoreError>;
+
     /// Checks every window and slot and takes them all, or none.
     async fn admit(
         &self,
@@ -190,11 +241,19 @@ impl WindowLog {
     }
 }
 
+#[derive(Debug)]
+struct IdemEntry {
+    sha: [u8; 32],
+    outcome: Option<IdemOutcome>,
+    expires: Duration,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     windows: HashMap<String, (WindowLog, Duration)>,
     slots: HashMap<String, u64>,
     admissions: u64,
+    idem: HashMap<String, IdemEntry>,
 }
 
 const SWEEP_EVERY: u64 = 1024;
@@ -276,6 +335,7 @@ impl StateStore for MemoryStore {
                 log.expire(now, *window);
                 !log.entries.is_empty()
             });
+            inner.idem.retain(|_, e| e.expires > now);
         }
         for s in slots {
             *inner.slots.entry(s.key.clone()).or_insert(0) += 1;
@@ -306,6 +366,57 @@ impl StateStore for MemoryStore {
             let window = *window;
             log.settle(lease.id, actual);
             log.expire(now, window);
+        }
+        Ok(())
+    }
+
+    async fn idem_begin(
+        &self,
+        now: Duration,
+        key: &str,
+        body_sha: [u8; 32],
+        ttl: Duration,
+        retry_failed: bool,
+    ) -> Result<IdemBegin, StoreError> {
+        let mut inner = self.lock()?;
+        let fresh = IdemEntry {
+            sha: body_sha,
+            outcome: None,
+            expires: now + ttl,
+        };
+        let Some(e) = inner.idem.get_mut(key).filter(|e| e.expires > now) else {
+            inner.idem.insert(key.to_string(), fresh);
+            return Ok(IdemBegin::Fresh);
+        };
+        if e.sha != body_sha {
+            return Ok(IdemBegin::Mismatch);
+        }
+        Ok(match &e.outcome {
+            None => IdemBegin::InFlight,
+            Some(IdemOutcome::Failed) if retry_failed => {
+                *e = fresh;
+                IdemBegin::Fresh
+            }
+            Some(o) => IdemBegin::Ended(o.clone()),
+        })
+    }
+
+    async fn idem_finish(
+        &self,
+        now: Duration,
+        key: &str,
+        outcome: Option<IdemOutcome>,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        match outcome {
+            None => {
+                inner.idem.remove(key);
+            }
+            Some(o) => {
+                if let Some(e) = inner.idem.get_mut(key).filter(|e| e.expires > now) {
+                    e.outcome = Some(o);
+                }
+            }
         }
         Ok(())
     }
@@ -484,6 +595,57 @@ mod tests {
             admit(&s, MIN, &[take(100, 20)], &[]),
             AdmitOutcome::Taken { .. }
         ));
+    }
+
+    #[test]
+    fn idempotency_keys_claim_replay_and_detect_reuse() {
+        let s = MemoryStore::new();
+        let ttl = Duration::from_secs(60);
+        assert_eq!(
+            futures_lite_block_on(s.idem_begin(MIN, "k", [1; 32], ttl, false)).unwrap(),
+            IdemBegin::Fresh
+        );
+        assert_eq!(
+            futures_lite_block_on(s.idem_begin(MIN, "k", [1; 32], ttl, false)).unwrap(),
+            IdemBegin::InFlight
+        );
+        assert_eq!(
+            futures_lite_block_on(s.idem_begin(MIN, "k", [2; 32], ttl, false)).unwrap(),
+            IdemBegin::Mismatch
+        );
+        let rec = IdemRecord {
+            status: 201,
+            content_type: None,
+            body: b"ok".to_vec(),
+        };
+        futures_lite_block_on(s.idem_finish(MIN, "k", Some(IdemOutcome::Done(rec.clone()))))
+            .unwrap();
+        assert_eq!(
+            futures_lite_block_on(s.idem_begin(MIN, "k", [1; 32], ttl, false)).unwrap(),
+            IdemBegin::Ended(IdemOutcome::Done(rec))
+        );
+        // Expired: fresh again.
+        assert_eq!(
+            futures_lite_block_on(s.idem_begin(MIN + ttl, "k", [1; 32], ttl, false)).unwrap(),
+            IdemBegin::Fresh
+        );
+        // Failed: unknown unless retries are safe; never reached the tool: forgotten.
+        futures_lite_block_on(s.idem_finish(MIN, "f", None)).unwrap();
+        futures_lite_block_on(s.idem_begin(MIN, "f", [1; 32], ttl, false)).unwrap();
+        futures_lite_block_on(s.idem_finish(MIN, "f", Some(IdemOutcome::Failed))).unwrap();
+        assert_eq!(
+            futures_lite_block_on(s.idem_begin(MIN, "f", [1; 32], ttl, false)).unwrap(),
+            IdemBegin::Ended(IdemOutcome::Failed)
+        );
+        assert_eq!(
+            futures_lite_block_on(s.idem_begin(MIN, "f", [1; 32], ttl, true)).unwrap(),
+            IdemBegin::Fresh
+        );
+        futures_lite_block_on(s.idem_finish(MIN, "f", None)).unwrap();
+        assert_eq!(
+            futures_lite_block_on(s.idem_begin(MIN, "f", [1; 32], ttl, false)).unwrap(),
+            IdemBegin::Fresh
+        );
     }
 
     proptest! {

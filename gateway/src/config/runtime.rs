@@ -160,6 +160,15 @@ impl Config {
 pub struct Tool {
     pub name: String,
     pub route: Arc<Route>,
+    pub idempotency: Option<Idempotency>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Idempotency {
+    pub required: bool,
+    pub ttl: Duration,
+    pub max_record_bytes: usize,
+    pub retry_after_failure: bool,
 }
 
 /// What an agent may do with one tool.
@@ -1109,6 +1118,12 @@ fn build_tool(
             }
         },
     };
+    let idempotency = t.idempotency.as_ref().map(|i| Idempotency {
+        required: i.mode == spec::IdempotencyMode::Required,
+        ttl: Duration::from_millis(i.ttl_ms.unwrap_or(86_400_000).max(1)),
+        max_record_bytes: i.max_record_bytes.unwrap_or(1024 * 1024),
+        retry_after_failure: i.retry_after_failure.unwrap_or(false),
+    });
     let as_provider = spec::ProviderSpec {
         kind: ProviderKind::OpenaiCompatible,
         base_url: t.base_url,
@@ -1151,6 +1166,7 @@ fn build_tool(
             max_attempts: 1,
             max_total: Duration::from_secs(600),
         }),
+        idempotency,
     })
 }
 

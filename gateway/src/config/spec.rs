@@ -151,6 +151,34 @@ pub struct ToolSpec {
     pub timeouts: TimeoutsSpec,
     #[serde(default)]
     pub breaker: BreakerSpec,
+    /// Idempotency for side-effecting calls (POST, PUT, PATCH, DELETE).
+    #[serde(default)]
+    pub idempotency: Option<IdempotencySpec>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdempotencyMode {
+    /// A side-effecting call without `Idempotency-Key` is refused.
+    Required,
+    /// Calls with a key get idempotency; calls without pass as they are.
+    Optional,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencySpec {
+    pub mode: IdempotencyMode,
+    /// How long a key is remembered. Default 86400000.
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
+    /// Largest response recorded for replay. Default 1048576.
+    #[serde(default)]
+    pub max_record_bytes: Option<usize>,
+    /// Whether a call that failed in transport may be sent again with the
+    /// same key (the tool tolerates it). Default false: 409 outcome_unknown.
+    #[serde(default)]
+    pub retry_after_failure: Option<bool>,
 }
 
 /// Either `bearer_env`, or `header` with `value_env`.

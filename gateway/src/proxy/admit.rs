@@ -28,6 +28,8 @@ pub enum Admitted {
     Forward(Arc<Admission>, Bytes, LimitsTaken),
     /// `GET /v1/models`: answered by the gateway for this agent.
     ListModels(usize, Verdict),
+    /// A repeated idempotency key: the recorded tool response, replayed.
+    Replay(loopgate_policy::IdemRecord),
 }
 
 /// The endpoint a request addresses, or the denial for an unknown one.
@@ -272,6 +274,8 @@ pub async fn admit(
             degraded_from,
             budget_room: taken.budget_room,
             tool_path: None,
+            body_read: true,
+            idem: None,
         }),
         body,
         taken,

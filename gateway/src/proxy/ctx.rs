@@ -31,6 +31,11 @@ pub struct Admission {
     pub budget_room: Option<u64>,
     /// HTTP tool call: the path (and query) to send under the tool's base URL.
     pub tool_path: Option<String>,
+    /// The body was read and judged here (always for model calls; for tool
+    /// calls only under idempotency, which hashes it).
+    pub body_read: bool,
+    /// The claimed idempotency record key, and the largest response recorded.
+    pub idem: Option<(String, usize)>,
 }
 
 /// Per-request state, created by `new_ctx` and filled in by the hooks.
@@ -95,6 +100,8 @@ pub struct RequestCtx {
     /// Reads the provider's reported usage from the response as it passes.
     pub usage_scanner: Option<UsageScanner>,
     pub usage: Option<Usage>,
+    /// The response being recorded for idempotent replay.
+    pub idem_capture: Option<IdemCapture>,
     /// Limit windows whose reservation the reported usage replaces.
     pub settle_keys: Vec<String>,
     /// Every attempt sends `original_body` (the watchdog rewrote it).
@@ -138,6 +145,7 @@ impl RequestCtx {
             lease: None,
             usage_scanner: None,
             usage: None,
+            idem_capture: None,
             settle_keys: Vec::new(),
             send_original: false,
         }
@@ -157,6 +165,17 @@ pub struct SubReport {
     pub usage: Option<Usage>,
     pub breaker_key: Option<String>,
     pub error_code: Option<&'static str>,
+}
+
+/// A tool response on its way to the agent, kept for idempotent replay.
+#[derive(Debug, Default)]
+pub struct IdemCapture {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: Vec<u8>,
+    /// Larger than `max_record_bytes`: it cannot be replayed.
+    pub truncated: bool,
+    pub complete: bool,
 }
 
 /// One attempt at an upstream.

@@ -42,7 +42,9 @@ use bytes::Bytes;
 use ctx::Attempt;
 use ids::RequestIds;
 use loopgate_breaker::{BreakerSet, FailureKind, LoopGuard, Outcome, State};
-use loopgate_policy::{replace_model, Clock, DenyCode, StateStore, UsageScanner, Watchdog};
+use loopgate_policy::{
+    replace_model, Clock, DenyCode, IdemOutcome, IdemRecord, StateStore, UsageScanner, Watchdog,
+};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType};
@@ -117,6 +119,38 @@ impl Gateway {
             }
         }
         ctx.last_failure = Some(error);
+    }
+
+    /// Records how an idempotent tool call ended, once, in the context that
+    /// talked to the tool (the subrequest, for a large body).
+    async fn finish_idempotency(&self, e: Option<&Error>, ctx: &mut RequestCtx) {
+        if ctx.forwarded_by_subrequest {
+            return;
+        }
+        let Some((key, _)) = ctx.admitted.as_ref().and_then(|a| a.idem.clone()) else {
+            return;
+        };
+        let upstream_failed = e.is_some_and(|e| *e.esource() != ErrorSource::Downstream);
+        let outcome = match ctx.idem_capture.take() {
+            Some(cap) if cap.complete && !cap.truncated && !upstream_failed => {
+                Some(IdemOutcome::Done(IdemRecord {
+                    status: cap.status,
+                    content_type: cap.content_type,
+                    body: cap.body,
+                }))
+            }
+            Some(_) => Some(IdemOutcome::Unrecorded),
+            // Sent but unanswered: it may have acted. Never sent: forget it.
+            None if ctx.upstream_first_at.is_some() => Some(IdemOutcome::Failed),
+            None => None,
+        };
+        if let Err(err) = self
+            .store
+            .idem_finish(self.clock.now(), &key, outcome)
+            .await
+        {
+            log::warn!("request {}: idempotency record: {err}", ctx.request_id);
+        }
     }
 
     /// Reports the current attempt as a success (the upstream answered and,
@@ -198,9 +232,25 @@ impl Gateway {
                 )
                 .await?
             }
-            None => tools::admit_tool(session, &cfg, &state, agent_idx, &ctx.request_id).await?,
+            None => {
+                tools::admit_tool(
+                    session,
+                    &cfg,
+                    &state,
+                    agent_idx,
+                    &ctx.request_id,
+                    &mut ctx.linger,
+                )
+                .await?
+            }
         };
         match admitted {
+            Admitted::Replay(record) => {
+                respond::write_replay(session, ctx, &record)
+                    .await
+                    .map_err(|e| GatewayError::Internal(format!("cannot replay: {e}")))?;
+                Ok(true)
+            }
             Admitted::ListModels(agent_idx, verdict) => {
                 let would_deny = verdict.would_deny.map(|d| d.code);
                 if let Some(code) = would_deny {
@@ -228,7 +278,7 @@ impl Gateway {
                     ctx.original_body = Some(body.clone());
                 }
                 ctx.admitted = Some(admission.clone());
-                if admission.tool_path.is_some() {
+                if !admission.body_read {
                     // A tool's body was not read: it streams through as sent.
                     return Ok(false);
                 }
@@ -714,7 +764,7 @@ impl ProxyHttp for Gateway {
             req.remove_header(h);
         }
         let tool_path = ctx.admitted.as_ref().and_then(|a| a.tool_path.clone());
-        if tool_path.is_none() {
+        if ctx.admitted.as_ref().is_some_and(|a| a.body_read) {
             // The body was already received in full (we may have sent 100 Continue).
             req.remove_header("expect");
         }
@@ -868,6 +918,13 @@ impl ProxyHttp for Gateway {
         if ctx.admitted.as_ref().is_some_and(|a| a.tool_path.is_none()) {
             ctx.usage_scanner = Some(UsageScanner::for_content_type(ct));
         }
+        if ctx.admitted.as_ref().is_some_and(|a| a.idem.is_some()) {
+            ctx.idem_capture = Some(ctx::IdemCapture {
+                status: resp.status.as_u16(),
+                content_type: ct.map(str::to_string),
+                ..Default::default()
+            });
+        }
         Ok(())
     }
 
@@ -918,6 +975,23 @@ impl ProxyHttp for Gateway {
                 ctx.usage = scanner.finish();
                 ctx.usage_scanner = None;
             }
+        }
+        if let (Some(cap), Some(max)) = (
+            ctx.idem_capture.as_mut(),
+            ctx.admitted
+                .as_ref()
+                .and_then(|a| a.idem.as_ref())
+                .map(|(_, m)| *m),
+        ) {
+            if let Some(b) = body {
+                if cap.body.len() + b.len() > max {
+                    cap.truncated = true;
+                    cap.body = Vec::new();
+                } else if !cap.truncated {
+                    cap.body.extend_from_slice(b);
+                }
+            }
+            cap.complete = end_of_stream;
         }
         if end_of_stream {
             ctx.upstream_done_at = Some(Instant::now());
@@ -1011,6 +1085,7 @@ impl ProxyHttp for Gateway {
         if ctx.streaming {
             self.metrics.active_streams.dec();
         }
+        self.finish_idempotency(e, ctx).await;
         if ctx.is_subrequest {
             // The main request logs this exchange once, with what we learned.
             if let Some(slot) = &ctx.report {

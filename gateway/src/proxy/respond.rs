@@ -76,6 +76,25 @@ async fn write_json(
         .await
 }
 
+/// Replays a recorded tool response for a repeated idempotency key.
+pub async fn write_replay(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    record: &loopgate_policy::IdemRecord,
+) -> pingora::Result<()> {
+    let mut resp = ResponseHeader::build(record.status, Some(4))?;
+    if let Some(ct) = &record.content_type {
+        resp.insert_header("content-type", ct.as_str())?;
+    }
+    resp.insert_header("content-length", record.body.len().to_string())?;
+    resp.insert_header(REQUEST_ID_HEADER, ctx.request_id.as_str())?;
+    resp.insert_header("x-loopgate-idempotent-replay", "true")?;
+    session.write_response_header(Box::new(resp), false).await?;
+    session
+        .write_response_body(Some(Bytes::from(record.body.clone())), true)
+        .await
+}
+
 /// `GET /v1/models`: the models this agent may use that have a route, in the
 /// OpenAI shape, or Anthropic's when the client sent `anthropic-version`.
 pub async fn write_models(

@@ -10,8 +10,9 @@ use super::admit::{AdmitState, Admitted};
 use super::ctx::Admission;
 use crate::config::Config;
 use crate::error::GatewayError;
-use loopgate_policy::{Deny, DenyCode, LimitRequest, Verdict};
+use loopgate_policy::{Deny, DenyCode, IdemBegin, IdemOutcome, LimitRequest, Verdict};
 use pingora_proxy::Session;
+use sha2::Digest;
 use std::sync::Arc;
 
 /// `Some((tool, rest))` for a `/tools/...` path; `rest` keeps its leading `/`.
@@ -65,9 +66,11 @@ pub async fn admit_tool(
     state: &AdmitState<'_>,
     agent_idx: usize,
     request_id: &str,
+    linger: &mut bool,
 ) -> Result<Admitted, GatewayError> {
     let rules = &cfg.agents[agent_idx];
-    let req = session.req_header();
+    // An owned copy: the body may be read (idempotency) while these are in use.
+    let req = session.req_header().clone();
     let path = req.uri.path();
     let (tool_name, rest) = split(path).unwrap_or(("", "/"));
     let tool = cfg.tools.get(tool_name).ok_or_else(|| {
@@ -132,9 +135,96 @@ pub async fn admit_tool(
             _ => {}
         }
     }
+    let query = req.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    let tool_path = format!("{rest}{query}");
+    let side_effecting = !matches!(
+        req.method,
+        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+    );
+    let idem_key = req
+        .headers
+        .get("idempotency-key")
+        .map(|v| super::ids::RequestIds::accept(v.as_bytes()).map(str::to_string));
+
+    // Idempotency: hash the body, claim the key, or answer from the record.
+    let mut body = bytes::Bytes::new();
+    let mut idem = None;
+    if let (Some(policy), true) = (&tool.idempotency, side_effecting) {
+        match idem_key {
+            Some(None) => {
+                return Err(Deny::new(
+                    DenyCode::IdempotencyKeyRequired,
+                    "Idempotency-Key must be 1-128 characters of [A-Za-z0-9-_.:]",
+                )
+                .into())
+            }
+            None if policy.required => {
+                return Err(Deny::new(
+                    DenyCode::IdempotencyKeyRequired,
+                    format!(
+                        "tool `{tool_name}` requires an Idempotency-Key for {}",
+                        req.method
+                    ),
+                )
+                .into())
+            }
+            None => {}
+            Some(Some(key)) => {
+                let limit = grant.max_body_bytes.unwrap_or(1024 * 1024);
+                body = super::admit::read_body(session, limit, linger).await?;
+                let sha: [u8; 32] = sha2::Sha256::digest(&body).into();
+                let record_key = format!("{}:idem:{tool_name}:{key}", rules.name);
+                let begin = state
+                    .store
+                    .idem_begin(
+                        state.clock.now(),
+                        &record_key,
+                        sha,
+                        policy.ttl,
+                        policy.retry_after_failure,
+                    )
+                    .await
+                    .map_err(|e| Deny::new(DenyCode::PolicyUnavailable, e.to_string()))?;
+                match begin {
+                    IdemBegin::Fresh => idem = Some((record_key, policy.max_record_bytes)),
+                    IdemBegin::InFlight => {
+                        return Err(Deny::new(
+                            DenyCode::RequestInProgress,
+                            "a request with this Idempotency-Key is still in progress",
+                        )
+                        .retry_after(std::time::Duration::from_secs(1))
+                        .into())
+                    }
+                    IdemBegin::Mismatch => {
+                        return Err(Deny::new(
+                            DenyCode::IdempotencyKeyReused,
+                            "this Idempotency-Key was used with a different body",
+                        )
+                        .into())
+                    }
+                    IdemBegin::Ended(IdemOutcome::Done(record)) => return Ok(Admitted::Replay(record)),
+                    IdemBegin::Ended(IdemOutcome::Failed) => {
+                        return Err(Deny::new(
+                            DenyCode::OutcomeUnknown,
+                            "the first request with this Idempotency-Key failed after it was sent; it may have taken effect: check before repeating it",
+                        )
+                        .into())
+                    }
+                    IdemBegin::Ended(IdemOutcome::Unrecorded) => {
+                        return Err(Deny::new(
+                            DenyCode::OutcomeUnknown,
+                            "the first request with this Idempotency-Key was answered, but the answer could not be recorded for replay",
+                        )
+                        .into())
+                    }
+                }
+            }
+        }
+    }
+
     // Request limits (per minute, in flight) apply to tool calls too.
     let mut verdict = Verdict::default();
-    let taken = rules
+    let limits = rules
         .admit_limits(
             state.store,
             state.clock.now(),
@@ -145,8 +235,17 @@ pub async fn admit_tool(
             },
             &mut verdict,
         )
-        .await?;
-    let query = req.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+        .await;
+    let taken = match limits {
+        Ok(t) => t,
+        Err(deny) => {
+            // Never sent: the key may be used again.
+            if let Some((key, _)) = &idem {
+                let _ = state.store.idem_finish(state.clock.now(), key, None).await;
+            }
+            return Err(deny.into());
+        }
+    };
     Ok(Admitted::Forward(
         Arc::new(Admission {
             request_id: request_id.to_string(),
@@ -161,9 +260,11 @@ pub async fn admit_tool(
             degraded_from: None,
             budget_room: None,
             // The raw (validated) path: the tool decodes it as we did.
-            tool_path: Some(format!("{rest}{query}")),
+            tool_path: Some(tool_path),
+            body_read: idem.is_some(),
+            idem,
         }),
-        bytes::Bytes::new(),
+        body,
         taken,
     ))
 }
