@@ -215,6 +215,11 @@ fn every_tool_denial_is_answered_without_forwarding() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let r = curl(&args);
         r.assert_gateway_error(status, code);
+        assert_eq!(
+            r.json()["error"]["upstream_failed"],
+            false,
+            "{code}: a gateway decision"
+        );
     }
     let big = vec![b'x'; 2_097_153];
     curl_body(&[&gw.url("/tools/orders/orders"), "-H", &key], &big)
@@ -400,4 +405,30 @@ fn large_idempotent_bodies_are_forwarded_whole_and_replayed() {
     assert_eq!(again.header("x-loopgate-idempotent-replay"), Some("true"));
     assert_eq!(again.body, first.body);
     assert_eq!(tool_calls(&mock, "/echo/ledger/import"), 1);
+}
+
+#[test]
+fn a_tool_called_in_a_loop_is_stopped_like_a_model_loop() {
+    let mock = Mock::start();
+    let yaml = config(&mock, "").replace(
+        "    tool_access:\n      weather:",
+        "    loop_guard: { repeats: 3 }\n    tool_access:\n      weather:",
+    );
+    assert!(yaml.contains("loop_guard"));
+    let gw = Gateway::start(&yaml);
+    let call = || {
+        curl(&[
+            &gw.url("/tools/weather/v1/forecast?city=Oslo"),
+            "-H",
+            &auth(AGENT_KEY),
+            "-H",
+            "x-agent-task-id: t-9",
+        ])
+    };
+    assert_eq!(call().status, 200);
+    assert_eq!(call().status, 200);
+    let r = call();
+    r.assert_gateway_error(409, "loop_detected");
+    assert_eq!(r.json()["error"]["upstream_failed"], false);
+    assert_eq!(tool_calls(&mock, "/echo/weather/v1/forecast?city=Oslo"), 2);
 }

@@ -138,8 +138,21 @@ impl GatewayError {
     }
 
     /// The JSON body for this error.
-    pub fn body(&self, request_id: &str) -> Vec<u8> {
-        let v = serde_json::json!({
+    /// Whether the upstream itself failed (as opposed to a gateway decision).
+    pub fn upstream_failed(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::UpstreamUnreachable(_)
+                | GatewayError::UpstreamTimeout(_)
+                | GatewayError::UpstreamFailed(_)
+        )
+    }
+
+    /// The JSON body; for tool calls it also says whether the tool broke
+    /// (`upstream_failed: true`) or the gateway refused, so an agent stops
+    /// retrying into a wall.
+    pub fn body_for(&self, request_id: &str, tool_call: bool) -> Vec<u8> {
+        let mut v = serde_json::json!({
             "error": {
                 "type": self.error_type(),
                 "code": self.code(),
@@ -148,6 +161,9 @@ impl GatewayError {
                 "retryable": self.retryable(),
             }
         });
+        if tool_call {
+            v["error"]["upstream_failed"] = serde_json::Value::Bool(self.upstream_failed());
+        }
         serde_json::to_vec(&v).unwrap_or_default()
     }
 }
@@ -159,7 +175,7 @@ mod tests {
     #[test]
     fn body_has_the_documented_shape() {
         let e = GatewayError::Denied(Deny::new(DenyCode::ModelNotAllowed, "no \"x\""));
-        let v: serde_json::Value = serde_json::from_slice(&e.body("rid-1")).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&e.body_for("rid-1", false)).unwrap();
         assert_eq!(v["error"]["code"], "model_not_allowed");
         assert_eq!(v["error"]["type"], "permission_error");
         assert_eq!(v["error"]["message"], "no \"x\"");

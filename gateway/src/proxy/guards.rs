@@ -24,7 +24,23 @@ pub fn check_loop(
 ) -> Result<Option<Deny>, GatewayError> {
     let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| GatewayError::Internal(format!("body no longer parses: {e}")))?;
-    let fp = fingerprint(endpoint.path(), &value, cfg);
+    check_loop_value(state, rules, guards, cfg, task_key, endpoint.path(), &value)
+}
+
+/// As [`check_loop`], for a call already reduced to its meaningful parts
+/// (`what` names the endpoint or tool). Tool calls use it with their method,
+/// normalised path, query and body digest, so model and tool calls of one
+/// task share one ring.
+pub fn check_loop_value(
+    state: &AdmitState<'_>,
+    rules: &AgentRules,
+    guards: &Guards,
+    cfg: &LoopConfig,
+    task_key: &str,
+    what: &str,
+    value: &serde_json::Value,
+) -> Result<Option<Deny>, GatewayError> {
+    let fp = fingerprint(what, value, cfg);
     let verdict = state
         .loops
         .check(task_key, fp, cfg, state.clock.now())

@@ -36,7 +36,10 @@ pub async fn write_error(session: &mut Session, ctx: &mut RequestCtx, e: &Gatewa
             }
         }
     }
-    match write_json(session, ctx, status, e.body(&ctx.request_id), &extra).await {
+    let tool_call = ctx.admitted.as_ref().is_some_and(|a| a.tool_path.is_some())
+        || session.req_header().uri.path().starts_with("/tools/");
+    let body = e.body_for(&ctx.request_id, tool_call);
+    match write_json(session, ctx, status, body, &extra).await {
         Ok(()) => status,
         Err(err) => {
             log::debug!(

@@ -149,6 +149,7 @@ pub async fn admit_tool(
     // Idempotency: hash the body, claim the key, or answer from the record.
     let mut body = bytes::Bytes::new();
     let mut idem = None;
+    let mut body_read_sha: Option<[u8; 32]> = None;
     if let (Some(policy), true) = (&tool.idempotency, side_effecting) {
         match idem_key {
             Some(None) => {
@@ -173,6 +174,7 @@ pub async fn admit_tool(
                 let limit = grant.max_body_bytes.unwrap_or(1024 * 1024);
                 body = super::admit::read_body(session, limit, linger).await?;
                 let sha: [u8; 32] = sha2::Sha256::digest(&body).into();
+                body_read_sha = Some(sha);
                 let record_key = format!("{}:idem:{tool_name}:{key}", rules.name);
                 let begin = state
                     .store
@@ -222,8 +224,36 @@ pub async fn admit_tool(
         }
     }
 
-    // Request limits (per minute, in flight) apply to tool calls too.
     let mut verdict = Verdict::default();
+    // The task's loop guard sees tool calls too: the same tool, method, path
+    // and body in a cycle is stopped like a model loop.
+    let agent_guards = &cfg.guards[agent_idx];
+    let task = req
+        .headers
+        .get("x-agent-task-id")
+        .and_then(|v| super::ids::RequestIds::accept(v.as_bytes()));
+    if let (Some(loops), Some(task)) = (&agent_guards.loops, task) {
+        let call = serde_json::json!({
+            "method": req.method.as_str(),
+            "path": decoded,
+            "query": req.uri.query(),
+            "body_sha256": body_read_sha.map(hex::encode),
+        });
+        let key = format!("{}/{task}", rules.name);
+        let what = format!("tool:{tool_name}");
+        if let Some(deny) =
+            super::guards::check_loop_value(state, rules, agent_guards, loops, &key, &what, &call)?
+        {
+            if let Err(deny) = verdict.judge_external(rules, Some(deny)) {
+                if let Some((k, _)) = &idem {
+                    let _ = state.store.idem_finish(state.clock.now(), k, None).await;
+                }
+                return Err(deny.into());
+            }
+        }
+    }
+
+    // Request limits (per minute, in flight) apply to tool calls too.
     let limits = rules
         .admit_limits(
             state.store,
