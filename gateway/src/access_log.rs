@@ -128,6 +128,8 @@ pub struct Record<'a> {
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     pub attempts: u32,
+    /// Answered from an idempotency record; nothing was forwarded.
+    pub idempotent_replay: bool,
     pub fallback_used: bool,
     pub fallback_from: Option<&'a str>,
     pub fallback_to: Option<&'a str>,

@@ -100,6 +100,8 @@ pub struct RequestCtx {
     /// Reads the provider's reported usage from the response as it passes.
     pub usage_scanner: Option<UsageScanner>,
     pub usage: Option<Usage>,
+    /// Answered from an idempotency record, not forwarded.
+    pub replayed: bool,
     /// The response being recorded for idempotent replay.
     pub idem_capture: Option<IdemCapture>,
     /// Limit windows whose reservation the reported usage replaces.
@@ -145,6 +147,7 @@ impl RequestCtx {
             lease: None,
             usage_scanner: None,
             usage: None,
+            replayed: false,
             idem_capture: None,
             settle_keys: Vec::new(),
             send_original: false,

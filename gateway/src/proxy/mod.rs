@@ -246,6 +246,7 @@ impl Gateway {
         };
         match admitted {
             Admitted::Replay(record) => {
+                ctx.replayed = true;
                 respond::write_replay(session, ctx, &record)
                     .await
                     .map_err(|e| GatewayError::Internal(format!("cannot replay: {e}")))?;
@@ -832,6 +833,7 @@ impl ProxyHttp for Gateway {
             return Ok(());
         }
         att.ttfb = Some(att.started.elapsed());
+        let ttfb = att.ttfb;
         let provider = att.picked.provider.clone();
         let key = att.picked.key.clone();
         let failure = match status {
@@ -876,7 +878,7 @@ impl ProxyHttp for Gateway {
         }
         ctx.served_by = Some(Arc::from(provider.name.as_str()));
         ctx.served_kind = Some(provider.kind);
-        ctx.ttfb = ctx.attempt.as_ref().and_then(|a| a.ttfb);
+        ctx.ttfb = ttfb;
         ctx.breaker_key = Some(key);
         Ok(())
     }

@@ -119,9 +119,9 @@ pub fn record(gw: &Gateway, session: &mut Session, _e: Option<&Error>, ctx: &mut
         task_id: header(session, "x-agent-task-id"),
         call_id: header(session, "x-agent-call-id"),
         tool_name: header(session, "x-agent-tool-name").or_else(|| {
-            adm.as_ref()
-                .filter(|a| a.tool_path.is_some())
-                .map(|a| a.route_name.as_ref())
+            super::tools::split(req.uri.path())
+                .map(|(tool, _)| clip(tool, MAX_ID))
+                .filter(|t| !t.is_empty())
         }),
         method: req.method.as_str(),
         path: clip(req.uri.path(), 256),
@@ -145,6 +145,7 @@ pub fn record(gw: &Gateway, session: &mut Session, _e: Option<&Error>, ctx: &mut
         prompt_tokens: ctx.usage.map(|u| u.input_tokens),
         completion_tokens: ctx.usage.map(|u| u.output_tokens),
         attempts: ctx.attempts,
+        idempotent_replay: ctx.replayed,
         fallback_used: fallback_from.is_some(),
         fallback_from,
         fallback_to: fallback_from.and(provider),
