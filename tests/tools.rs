@@ -21,6 +21,10 @@ tools:
   orders:
     base_url: "{mock}/echo/orders"
     auth: {{ bearer_env: LOOPGATE_TEST_TOOL_KEY }}
+  strict:
+    base_url: "{mock}/echo/strict"
+    expect_json: true
+    breaker: {{ consecutive_failures: 2, open_ms: 60000 }}
   ledger:
     base_url: "{mock}/echo/ledger"
     timeouts: {{ read_ms: 500 }}
@@ -38,6 +42,7 @@ agents:
       orders: {{ methods: [GET, POST], paths: ["/orders*"], max_body_bytes: 2097152 }}
       ledger: {{ methods: [GET, POST], paths: ["/*"] }}
       retrying: {{ methods: [POST], paths: ["/*"] }}
+      strict: {{ methods: [GET], paths: ["/*"] }}
   narrow:
     key_sha256: "{narrow}"
     models: [gpt-4o-mini]
@@ -431,4 +436,35 @@ fn a_tool_called_in_a_loop_is_stopped_like_a_model_loop() {
     r.assert_gateway_error(409, "loop_detected");
     assert_eq!(r.json()["error"]["upstream_failed"], false);
     assert_eq!(tool_calls(&mock, "/echo/weather/v1/forecast?city=Oslo"), 2);
+}
+
+#[test]
+fn expect_json_counts_a_garbage_200_as_a_failure() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let call = |extra: &[&str]| {
+        let url = gw.url("/tools/strict/status");
+        let key = auth(AGENT_KEY);
+        let mut args = vec![url.as_str(), "-H", &key];
+        args.extend_from_slice(extra);
+        curl(&args)
+    };
+    // JSON answers are successes, whatever their number.
+    for _ in 0..3 {
+        assert_eq!(call(&[]).status, 200);
+    }
+    // "200 but unusable": passed through unchanged, but counted.
+    for _ in 0..2 {
+        let r = call(&["-H", "x-mock-body: <html>maintenance</html>"]);
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (200, "<html>maintenance</html>")
+        );
+    }
+    call(&[]).assert_gateway_error(503, "circuit_open");
+    // Other tools are not affected.
+    assert_eq!(
+        get(&gw, AGENT_KEY, "/tools/weather/v1/forecast").status,
+        200
+    );
 }

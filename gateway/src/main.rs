@@ -170,6 +170,7 @@ fn mock_options(f: FaultArgs) -> mock::MockOptions {
             chunks: f.chunks.max(1),
             chunk_delay_ms: f.chunk_delay_ms,
             reset_after: f.reset_after,
+            body: None,
         },
     }
 }

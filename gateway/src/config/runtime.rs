@@ -161,6 +161,7 @@ pub struct Tool {
     pub name: String,
     pub route: Arc<Route>,
     pub idempotency: Option<Idempotency>,
+    pub expect_json: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -1124,6 +1125,7 @@ fn build_tool(
         max_record_bytes: i.max_record_bytes.unwrap_or(1024 * 1024),
         retry_after_failure: i.retry_after_failure.unwrap_or(false),
     });
+    let expect_json = t.expect_json.unwrap_or(false);
     let as_provider = spec::ProviderSpec {
         kind: ProviderKind::OpenaiCompatible,
         base_url: t.base_url,
@@ -1167,6 +1169,7 @@ fn build_tool(
             max_total: Duration::from_secs(600),
         }),
         idempotency,
+        expect_json,
     })
 }
 

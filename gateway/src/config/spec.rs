@@ -154,6 +154,10 @@ pub struct ToolSpec {
     /// Idempotency for side-effecting calls (POST, PUT, PATCH, DELETE).
     #[serde(default)]
     pub idempotency: Option<IdempotencySpec>,
+    /// A 2xx whose body is not JSON counts as a breaker failure ("200 but
+    /// unusable"). Default false.
+    #[serde(default)]
+    pub expect_json: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -9,6 +9,7 @@
 //! | `x-mock-chunks: 20` | number of content pieces (tokens) in the answer |
 //! | `x-mock-chunk-delay-ms: 50` | wait between streamed events |
 //! | `x-mock-reset-after: 3` | drop the connection after this many streamed events |
+//! | `x-mock-body: text` | answer 200 with this raw `text/plain` body instead |
 
 use http::HeaderMap;
 
@@ -20,6 +21,7 @@ pub struct Faults {
     pub chunks: usize,
     pub chunk_delay_ms: u64,
     pub reset_after: Option<usize>,
+    pub body: Option<String>,
 }
 
 impl Default for Faults {
@@ -31,6 +33,7 @@ impl Default for Faults {
             chunks: 8,
             chunk_delay_ms: 0,
             reset_after: None,
+            body: None,
         }
     }
 }
@@ -62,6 +65,9 @@ impl Faults {
         }
         if let Some(v) = num(headers, "x-mock-reset-after") {
             f.reset_after = Some(v);
+        }
+        if let Some(b) = headers.get("x-mock-body").and_then(|v| v.to_str().ok()) {
+            f.body = Some(b.to_string());
         }
         f
     }

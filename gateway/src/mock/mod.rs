@@ -248,6 +248,9 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
     } else {
         serde_json::from_slice(&body).ok()
     };
+    if let Some(raw) = &faults.body {
+        return write_raw(session, raw.as_bytes()).await;
+    }
     if path.starts_with("/echo") {
         // A generic HTTP tool: echoes what it received.
         let echo = json!({
@@ -317,6 +320,21 @@ async fn stream_events(
     }
     session
         .write_response_body(Bytes::new(), true)
+        .await
+        .is_ok()
+}
+
+async fn write_raw(session: &mut ServerSession, body: &[u8]) -> bool {
+    let Ok(mut resp) = ResponseHeader::build(200, Some(2)) else {
+        return false;
+    };
+    let _ = resp.insert_header("content-type", "text/plain");
+    let _ = resp.insert_header("content-length", body.len().to_string());
+    if session.write_response_header(Box::new(resp)).await.is_err() {
+        return false;
+    }
+    session
+        .write_response_body(Bytes::copy_from_slice(body), true)
         .await
         .is_ok()
 }

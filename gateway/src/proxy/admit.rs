@@ -276,6 +276,7 @@ pub async fn admit(
             tool_path: None,
             body_read: true,
             idem: None,
+            expect_json: false,
         }),
         body,
         taken,

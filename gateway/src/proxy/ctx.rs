@@ -36,6 +36,8 @@ pub struct Admission {
     pub body_read: bool,
     /// The claimed idempotency record key, and the largest response recorded.
     pub idem: Option<(String, usize)>,
+    /// Tool call whose 2xx answers must be JSON to count as a success.
+    pub expect_json: bool,
 }
 
 /// Per-request state, created by `new_ctx` and filled in by the hooks.
@@ -100,6 +102,9 @@ pub struct RequestCtx {
     /// Reads the provider's reported usage from the response as it passes.
     pub usage_scanner: Option<UsageScanner>,
     pub usage: Option<Usage>,
+    /// A 2xx tool answer being kept to check that it is JSON (`None` once
+    /// it outgrew the bound: then it is not judged).
+    pub json_check: Option<Vec<u8>>,
     /// Answered from an idempotency record, not forwarded.
     pub replayed: bool,
     /// The response being recorded for idempotent replay.
@@ -147,6 +152,7 @@ impl RequestCtx {
             lease: None,
             usage_scanner: None,
             usage: None,
+            json_check: None,
             replayed: false,
             idem_capture: None,
             settle_keys: Vec::new(),

@@ -427,6 +427,9 @@ fn sse_error_event(kind: Option<ProviderKind>, e: &GatewayError, request_id: &st
     Bytes::from(event)
 }
 
+/// Largest 2xx tool body checked for `expect_json`; larger ones pass unjudged.
+const JSON_CHECK_LIMIT: usize = 4 * 1024 * 1024;
+
 /// A stream cut because it outgrew its token budget.
 const BUDGET_CUT: ErrorType = ErrorType::Custom("budget_cut");
 
@@ -876,6 +879,9 @@ impl ProxyHttp for Gateway {
             // The last attempt: the provider's own answer goes through unchanged.
             // (Its failure was recorded above; re-arm nothing.)
         }
+        if (200..300).contains(&status) && ctx.admitted.as_ref().is_some_and(|a| a.expect_json) {
+            ctx.json_check = Some(Vec::new());
+        }
         ctx.served_by = Some(Arc::from(provider.name.as_str()));
         ctx.served_kind = Some(provider.kind);
         ctx.ttfb = ttfb;
@@ -978,6 +984,13 @@ impl ProxyHttp for Gateway {
                 ctx.usage_scanner = None;
             }
         }
+        if let (Some(buf), Some(b)) = (ctx.json_check.as_mut(), body.as_ref()) {
+            if buf.len() + b.len() > JSON_CHECK_LIMIT {
+                ctx.json_check = None;
+            } else {
+                buf.extend_from_slice(b);
+            }
+        }
         if let (Some(cap), Some(max)) = (
             ctx.idem_capture.as_mut(),
             ctx.admitted
@@ -1059,7 +1072,19 @@ impl ProxyHttp for Gateway {
         // An attempt still open here ended without a failure hook: the
         // exchange completed (or the agent left after it started).
         if ctx.attempt.is_some() {
+            let unusable = ctx
+                .json_check
+                .take()
+                .is_some_and(|b| serde_json::from_slice::<serde::de::IgnoredAny>(&b).is_err());
             match e {
+                // "200 but unusable": a tool that must answer JSON did not.
+                None if unusable => self.fail_attempt(
+                    ctx,
+                    FailureKind::ServerError,
+                    GatewayError::UpstreamFailed(
+                        "the tool answered 2xx with a body that is not JSON".into(),
+                    ),
+                ),
                 None => self.succeed_attempt(ctx),
                 Some(err) if *err.esource() == ErrorSource::Downstream => self.succeed_attempt(ctx),
                 Some(_) => self.fail_attempt(

@@ -293,6 +293,7 @@ pub async fn admit_tool(
             tool_path: Some(tool_path),
             body_read: idem.is_some(),
             idem,
+            expect_json: tool.expect_json,
         }),
         body,
         taken,
