@@ -468,3 +468,27 @@ fn expect_json_counts_a_garbage_200_as_a_failure() {
         200
     );
 }
+
+#[test]
+fn a_task_that_keeps_getting_the_same_failure_is_cut_off_from_the_tool() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let call = |task: &str, extra: &[&str]| {
+        let url = gw.url("/tools/weather/v1/forecast");
+        let key = auth(AGENT_KEY);
+        let t = format!("x-agent-task-id: {task}");
+        let mut args = vec![url.as_str(), "-H", &key, "-H", &t];
+        args.extend_from_slice(extra);
+        curl(&args)
+    };
+    for _ in 0..3 {
+        assert_eq!(call("t-iso", &["-H", "x-mock-status: 503"]).status, 503);
+    }
+    let r = call("t-iso", &[]);
+    r.assert_gateway_error(409, "tool_isolated");
+    assert_eq!(r.json()["error"]["upstream_failed"], false);
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(mock.requests().len(), 3);
+    // Other tasks still reach the tool (its breaker did not open).
+    assert_eq!(call("t-other", &[]).status, 200);
+}

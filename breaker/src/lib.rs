@@ -17,5 +17,5 @@ pub use circuit::{
     Breaker, BreakerConfig, FailureKind, Outcome, Rejected, Snapshot, State, Ticket, Transition,
 };
 pub use health::Health;
-pub use loops::{fingerprint, LoopConfig, LoopGuard, LoopVerdict, Trip};
+pub use loops::{fingerprint, FailureStreaks, LoopConfig, LoopGuard, LoopVerdict, Trip};
 pub use set::BreakerSet;

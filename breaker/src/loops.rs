@@ -412,3 +412,107 @@ mod tests {
         assert_eq!(last, 100 * S);
     }
 }
+
+/// Per task and tool: the same failing answer again and again isolates the
+/// tool for that task for a while, so the task stops hammering it (through
+/// this route or another).
+#[derive(Debug, Default)]
+pub struct FailureStreaks {
+    streaks: Mutex<HashMap<String, Streak>>,
+}
+
+#[derive(Debug, Default)]
+struct Streak {
+    signature: u64,
+    count: u32,
+    isolated_until: Option<Duration>,
+    last_seen: Duration,
+}
+
+impl FailureStreaks {
+    pub fn new() -> FailureStreaks {
+        FailureStreaks::default()
+    }
+
+    /// `Some(retry_after)` while `key` is isolated.
+    pub fn isolated(&self, key: &str, now: Duration) -> Result<Option<Duration>, Unknown> {
+        let map = self.streaks.lock().map_err(|_| Unknown)?;
+        Ok(map
+            .get(key)
+            .and_then(|s| s.isolated_until)
+            .filter(|u| *u > now)
+            .map(|u| u - now))
+    }
+
+    /// Records an answer: `Some(signature)` for a failure (same signature =
+    /// same failing answer), `None` for a success. Returns true when this
+    /// failure isolated the tool.
+    pub fn record(
+        &self,
+        key: &str,
+        failure: Option<u64>,
+        threshold: u32,
+        cooldown: Duration,
+        now: Duration,
+    ) -> bool {
+        let Ok(mut map) = self.streaks.lock() else {
+            return false;
+        };
+        if map.len() >= MAX_TASKS && !map.contains_key(key) {
+            map.retain(|_, s| now.saturating_sub(s.last_seen) < Duration::from_secs(3600));
+        }
+        let s = map.entry(key.to_string()).or_default();
+        s.last_seen = now;
+        match failure {
+            None => {
+                s.count = 0;
+                false
+            }
+            Some(sig) => {
+                if s.count > 0 && s.signature == sig {
+                    s.count += 1;
+                } else {
+                    s.signature = sig;
+                    s.count = 1;
+                }
+                if s.count >= threshold {
+                    s.count = 0;
+                    s.isolated_until = Some(now + cooldown);
+                    true
+                } else {
+                    false
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod streak_tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn the_same_failure_three_times_isolates_until_the_cooldown_ends() {
+        let f = FailureStreaks::new();
+        assert!(!f.record("t/tool", Some(500), 3, 30 * S, S));
+        assert!(!f.record("t/tool", Some(500), 3, 30 * S, S));
+        assert_eq!(f.isolated("t/tool", S).unwrap(), None);
+        assert!(f.record("t/tool", Some(500), 3, 30 * S, 2 * S));
+        assert_eq!(f.isolated("t/tool", 12 * S).unwrap(), Some(20 * S));
+        assert_eq!(f.isolated("t/other", 12 * S).unwrap(), None);
+        assert_eq!(f.isolated("t/tool", 32 * S).unwrap(), None);
+    }
+
+    #[test]
+    fn different_failures_or_a_success_break_the_streak() {
+        let f = FailureStreaks::new();
+        f.record("k", Some(500), 3, S, S);
+        f.record("k", Some(502), 3, S, S);
+        assert!(!f.record("k", Some(500), 3, S, S));
+        f.record("k", None, 3, S, S);
+        f.record("k", Some(500), 3, S, S);
+        assert!(!f.record("k", Some(500), 3, S, S));
+    }
+}

@@ -41,6 +41,9 @@ pub enum DenyCode {
     IdempotencyKeyReused,
     /// The first request with this key may or may not have taken effect.
     OutcomeUnknown,
+    /// This task got the same failing answer from this tool repeatedly: the
+    /// tool is isolated for the task for a while.
+    ToolIsolated,
     /// A tool path that is malformed or escapes its tool (`..`, `//`).
     InvalidPath,
     /// A body without `Content-Length` where a size limit applies.
@@ -51,7 +54,7 @@ pub enum DenyCode {
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 29] = [
+    pub const ALL: [DenyCode; 30] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -80,6 +83,7 @@ impl DenyCode {
         DenyCode::RequestInProgress,
         DenyCode::IdempotencyKeyReused,
         DenyCode::OutcomeUnknown,
+        DenyCode::ToolIsolated,
         DenyCode::PolicyUnavailable,
     ];
 
@@ -112,6 +116,7 @@ impl DenyCode {
             DenyCode::RequestInProgress => "request_in_progress",
             DenyCode::IdempotencyKeyReused => "idempotency_key_reused",
             DenyCode::OutcomeUnknown => "outcome_unknown",
+            DenyCode::ToolIsolated => "tool_isolated",
             DenyCode::LengthRequired => "length_required",
             DenyCode::PolicyUnavailable => "policy_unavailable",
         }
@@ -142,7 +147,7 @@ impl DenyCode {
             DenyCode::RateLimited | DenyCode::TooManyInFlight | DenyCode::TaskStopped => 429,
             DenyCode::BudgetExceeded => 402,
             DenyCode::InvalidPath | DenyCode::IdempotencyKeyRequired => 400,
-            DenyCode::RequestInProgress | DenyCode::OutcomeUnknown => 409,
+            DenyCode::RequestInProgress | DenyCode::OutcomeUnknown | DenyCode::ToolIsolated => 409,
             DenyCode::IdempotencyKeyReused => 422,
             DenyCode::LengthRequired => 411,
             DenyCode::LoopDetected => 409,
@@ -160,9 +165,10 @@ impl DenyCode {
             | DenyCode::BlockedPhrase => "permission_error",
             DenyCode::NotFound | DenyCode::UnknownModel => "not_found_error",
             DenyCode::RateLimited | DenyCode::TooManyInFlight => "rate_limit_error",
-            DenyCode::BudgetExceeded | DenyCode::LoopDetected | DenyCode::TaskStopped => {
-                "guard_error"
-            }
+            DenyCode::BudgetExceeded
+            | DenyCode::LoopDetected
+            | DenyCode::TaskStopped
+            | DenyCode::ToolIsolated => "guard_error",
             DenyCode::PolicyUnavailable => "gateway_error",
             DenyCode::MethodNotAllowed
             | DenyCode::InvalidPath
@@ -211,6 +217,7 @@ impl DenyCode {
                 | DenyCode::BudgetExceeded
                 | DenyCode::LoopDetected
                 | DenyCode::TaskStopped
+                | DenyCode::ToolIsolated
         )
     }
 }

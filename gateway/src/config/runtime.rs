@@ -162,6 +162,9 @@ pub struct Tool {
     pub route: Arc<Route>,
     pub idempotency: Option<Idempotency>,
     pub expect_json: bool,
+    /// Same failing answer this many times in a row isolates the tool for the task.
+    pub isolate_after: u32,
+    pub isolate_for: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -1126,6 +1129,7 @@ fn build_tool(
         retry_after_failure: i.retry_after_failure.unwrap_or(false),
     });
     let expect_json = t.expect_json.unwrap_or(false);
+    let (isolate_after, isolate_ms) = (t.isolate_after, t.isolate_ms);
     let as_provider = spec::ProviderSpec {
         kind: ProviderKind::OpenaiCompatible,
         base_url: t.base_url,
@@ -1170,6 +1174,8 @@ fn build_tool(
         }),
         idempotency,
         expect_json,
+        isolate_after: isolate_after.unwrap_or(3).max(1),
+        isolate_for: Duration::from_millis(isolate_ms.unwrap_or(30_000).max(1)),
     })
 }
 

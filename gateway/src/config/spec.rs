@@ -158,6 +158,13 @@ pub struct ToolSpec {
     /// unusable"). Default false.
     #[serde(default)]
     pub expect_json: Option<bool>,
+    /// A task that gets the same failing answer this many times in a row is
+    /// cut off from the tool for `isolate_ms`. Default 3.
+    #[serde(default)]
+    pub isolate_after: Option<u32>,
+    /// Default 30000.
+    #[serde(default)]
+    pub isolate_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

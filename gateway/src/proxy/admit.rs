@@ -277,6 +277,7 @@ pub async fn admit(
             body_read: true,
             idem: None,
             expect_json: false,
+            isolation: None,
         }),
         body,
         taken,
@@ -294,6 +295,7 @@ pub struct AdmitState<'a> {
     pub store: &'a dyn StateStore,
     pub clock: &'a dyn Clock,
     pub loops: &'a LoopGuard,
+    pub streaks: &'a loopgate_breaker::FailureStreaks,
     pub watchdog: &'a Watchdog,
     pub metrics: &'a Metrics,
 }

@@ -38,6 +38,8 @@ pub struct Admission {
     pub idem: Option<(String, usize)>,
     /// Tool call whose 2xx answers must be JSON to count as a success.
     pub expect_json: bool,
+    /// Tool call in a task: its failure-streak key, threshold and cool-down.
+    pub isolation: Option<(String, u32, std::time::Duration)>,
 }
 
 /// Per-request state, created by `new_ctx` and filled in by the hooks.

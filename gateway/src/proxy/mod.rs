@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use ctx::Attempt;
 use ids::RequestIds;
-use loopgate_breaker::{BreakerSet, FailureKind, LoopGuard, Outcome, State};
+use loopgate_breaker::{BreakerSet, FailureKind, FailureStreaks, LoopGuard, Outcome, State};
 use loopgate_policy::{
     replace_model, Clock, DenyCode, IdemOutcome, IdemRecord, StateStore, UsageScanner, Watchdog,
 };
@@ -71,6 +71,7 @@ pub struct Gateway {
     /// Per-task guard state; like the store, it outlives reloads.
     loops: LoopGuard,
     watchdog: Watchdog,
+    streaks: FailureStreaks,
 }
 
 impl Gateway {
@@ -92,6 +93,7 @@ impl Gateway {
             access_log,
             loops: LoopGuard::new(),
             watchdog: Watchdog::new(),
+            streaks: FailureStreaks::new(),
         }
     }
 
@@ -119,6 +121,29 @@ impl Gateway {
             }
         }
         ctx.last_failure = Some(error);
+    }
+
+    /// Feeds a task's tool answer into its failure streak (tool isolation).
+    fn record_tool_streak(&self, e: Option<&Error>, ctx: &RequestCtx) {
+        if ctx.forwarded_by_subrequest || ctx.upstream_first_at.is_none() {
+            return; // not the context that talked to the tool, or never sent
+        }
+        let Some((key, threshold, cooldown)) =
+            ctx.admitted.as_ref().and_then(|a| a.isolation.clone())
+        else {
+            return;
+        };
+        let failure = match (ctx.upstream_status, e) {
+            (Some(s), _) if s >= 400 => Some(u64::from(s)),
+            (None, Some(err)) if *err.esource() != ErrorSource::Downstream => Some(1000),
+            _ => None,
+        };
+        if self
+            .streaks
+            .record(&key, failure, threshold, cooldown, self.clock.now())
+        {
+            log::warn!("tool isolated for task `{key}`: {threshold} identical failures in a row");
+        }
     }
 
     /// Records how an idempotent tool call ended, once, in the context that
@@ -216,6 +241,7 @@ impl Gateway {
             store: self.store.as_ref(),
             clock: self.clock.as_ref(),
             loops: &self.loops,
+            streaks: &self.streaks,
             watchdog: &self.watchdog,
             metrics: &self.metrics,
         };
@@ -1113,6 +1139,7 @@ impl ProxyHttp for Gateway {
             self.metrics.active_streams.dec();
         }
         self.finish_idempotency(e, ctx).await;
+        self.record_tool_streak(e, ctx);
         if ctx.is_subrequest {
             // The main request logs this exchange once, with what we learned.
             if let Some(slot) = &ctx.report {

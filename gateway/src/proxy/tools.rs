@@ -253,6 +253,43 @@ pub async fn admit_tool(
         }
     }
 
+    // A task that kept getting the same failure from this tool is cut off
+    // from it for a while.
+    let isolation = task.map(|t| {
+        (
+            format!("{}/{t}/{tool_name}", rules.name),
+            tool.isolate_after,
+            tool.isolate_for,
+        )
+    });
+    if let Some((key, _, _)) = &isolation {
+        let isolated = state
+            .streaks
+            .isolated(key, state.clock.now())
+            .map_err(|_| {
+                Deny::new(
+                    DenyCode::PolicyUnavailable,
+                    "tool isolation state unavailable",
+                )
+            })?;
+        if let Some(after) = isolated {
+            let deny = Deny::new(
+                DenyCode::ToolIsolated,
+                format!(
+                    "tool `{tool_name}` kept failing the same way for this task; isolated for now"
+                ),
+            )
+            .retry_after(after)
+            .never_retryable();
+            if let Err(deny) = verdict.judge_external(rules, Some(deny)) {
+                if let Some((k, _)) = &idem {
+                    let _ = state.store.idem_finish(state.clock.now(), k, None).await;
+                }
+                return Err(deny.into());
+            }
+        }
+    }
+
     // Request limits (per minute, in flight) apply to tool calls too.
     let limits = rules
         .admit_limits(
@@ -294,6 +331,7 @@ pub async fn admit_tool(
             body_read: idem.is_some(),
             idem,
             expect_json: tool.expect_json,
+            isolation,
         }),
         body,
         taken,
