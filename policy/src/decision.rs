@@ -228,6 +228,16 @@ impl fmt::Display for DenyCode {
     }
 }
 
+/// Cuts agent-controlled text (a model, tool or path name) echoed in a
+/// message or a log line to at most `max` bytes, on a character boundary.
+pub fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// A refusal with a human-readable reason. The message never contains a
 /// secret: at most a model, tool or header name, or a path the agent sent.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -41,7 +41,7 @@ pub mod watchdog;
 
 pub use body::{inspect_body, BodyFacts};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Deny, DenyCode};
+pub use decision::{clip, Deny, DenyCode};
 pub use endpoint::Endpoint;
 pub use keys::{hash_key, KeyDigest, KeyIndex};
 pub use pattern::{NamePattern, PatternList};

@@ -427,11 +427,7 @@ impl AgentRules {
 
 /// Bounds agent-controlled text echoed in a message.
 fn clip(s: &str) -> &str {
-    let mut end = s.len().min(200);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    crate::decision::clip(s, 200)
 }
 
 #[cfg(test)]

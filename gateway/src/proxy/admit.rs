@@ -302,12 +302,5 @@ pub struct AdmitState<'a> {
 
 /// Cuts agent-controlled text echoed in messages to a bounded length.
 fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    loopgate_policy::clip(s, max)
 }

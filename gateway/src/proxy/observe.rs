@@ -16,13 +16,7 @@ fn header<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
     Some(clip(v, MAX_ID))
 }
 
-fn clip(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
+use loopgate_policy::clip;
 
 /// `deny` for refusals (policy, circuit), `error` for failures, `allow` else.
 fn decision(code: Option<&'static str>) -> &'static str {

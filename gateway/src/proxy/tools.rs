@@ -339,11 +339,7 @@ pub async fn admit_tool(
 }
 
 fn clip(s: &str) -> &str {
-    let mut end = s.len().min(200);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    loopgate_policy::clip(s, 200)
 }
 
 #[cfg(test)]
