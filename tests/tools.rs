@@ -492,3 +492,26 @@ fn a_task_that_keeps_getting_the_same_failure_is_cut_off_from_the_tool() {
     // Other tasks still reach the tool (its breaker did not open).
     assert_eq!(call("t-other", &[]).status, 200);
 }
+
+#[test]
+fn the_task_watchdog_counts_tool_calls() {
+    let mock = Mock::start();
+    let yaml = config(&mock, "").replace(
+        "    tool_access:\n      weather:",
+        "    watchdog: { yellow: { steps: 2 }, red: { steps: 3 }, action: stop }\n    tool_access:\n      weather:",
+    );
+    let gw = Gateway::start(&yaml);
+    let call = || {
+        curl(&[
+            &gw.url("/tools/weather/v1/city/a"),
+            "-H",
+            &auth(AGENT_KEY),
+            "-H",
+            "x-agent-task-id: t-w",
+        ])
+    };
+    assert_eq!(call().header("x-loopgate-guard"), None);
+    assert_eq!(call().header("x-loopgate-guard"), Some("warn"));
+    call().assert_gateway_error(429, "task_stopped");
+    assert_eq!(mock.requests().len(), 2);
+}

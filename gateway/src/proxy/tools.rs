@@ -253,6 +253,25 @@ pub async fn admit_tool(
         }
     }
 
+    // The task watchdog counts tool calls too. Red stops the task; `degrade`
+    // has no cheaper model to offer a tool call, so it only warns here.
+    let mut guard = None;
+    if let (Some(wd), Some(task)) = (&agent_guards.watchdog, task) {
+        let key = format!("{}/{task}", rules.name);
+        match super::guards::watch(state, rules, wd, &key)? {
+            super::guards::Watch::Green => {}
+            super::guards::Watch::Warn | super::guards::Watch::Degrade(_) => guard = Some("warn"),
+            super::guards::Watch::Stop(deny) => {
+                if let Err(deny) = verdict.judge_external(rules, Some(deny)) {
+                    if let Some((k, _)) = &idem {
+                        let _ = state.store.idem_finish(state.clock.now(), k, None).await;
+                    }
+                    return Err(deny.into());
+                }
+            }
+        }
+    }
+
     // A task that kept getting the same failure from this tool is cut off
     // from it for a while.
     let isolation = task.map(|t| {
@@ -322,8 +341,8 @@ pub async fn admit_tool(
             route: tool.route.clone(),
             stream: false,
             would_deny: verdict.would_deny.map(|d| d.code),
-            task_key: None,
-            guard: None,
+            task_key: task.map(|t| format!("{}/{t}", rules.name)),
+            guard,
             degraded_from: None,
             budget_room: None,
             // The raw (validated) path: the tool decodes it as we did.
