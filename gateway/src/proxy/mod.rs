@@ -626,6 +626,11 @@ impl ProxyHttp for Gateway {
                     retry_after,
                     provider,
                 }) => {
+                    // The log says which breaker refused: the first target's.
+                    ctx.breaker_key = route
+                        .targets
+                        .first()
+                        .map(|t| routing::breaker_key(&t.provider, &adm.agent));
                     // After a real failure, that failure is the better answer.
                     ctx.pending_error = Some(ctx.last_failure.take().unwrap_or(
                         GatewayError::CircuitOpen {
