@@ -285,7 +285,7 @@ pub async fn admit(
 }
 
 /// The task id the agent sent (`x-agent-task-id`), when it is a sane token.
-fn task_id(session: &Session) -> Option<&str> {
+pub fn task_id(session: &Session) -> Option<&str> {
     let v = session.req_header().headers.get("x-agent-task-id")?;
     super::ids::RequestIds::accept(v.as_bytes())
 }

@@ -36,8 +36,7 @@ pub async fn write_error(session: &mut Session, ctx: &mut RequestCtx, e: &Gatewa
             }
         }
     }
-    let tool_call = ctx.admitted.as_ref().is_some_and(|a| a.tool_path.is_some())
-        || session.req_header().uri.path().starts_with("/tools/");
+    let tool_call = super::tools::split(session.req_header().uri.path()).is_some();
     let body = e.body_for(&ctx.request_id, tool_call);
     match write_json(session, ctx, status, body, &extra).await {
         Ok(()) => status,

@@ -225,111 +225,93 @@ pub async fn admit_tool(
     }
 
     let mut verdict = Verdict::default();
-    // The task's loop guard sees tool calls too: the same tool, method, path
-    // and body in a cycle is stopped like a model loop.
     let agent_guards = &cfg.guards[agent_idx];
-    let task = req
-        .headers
-        .get("x-agent-task-id")
-        .and_then(|v| super::ids::RequestIds::accept(v.as_bytes()));
-    if let (Some(loops), Some(task)) = (&agent_guards.loops, task) {
-        let call = serde_json::json!({
-            "method": req.method.as_str(),
-            "path": decoded,
-            "query": req.uri.query(),
-            "body_sha256": body_read_sha.map(hex::encode),
+    let task = super::admit::task_id(session);
+    // Everything after the idempotency claim; if any of it refuses (or cannot
+    // read its state), the call was never sent, so the key is forgotten below.
+    let checked = async {
+        // The task's loop guard sees tool calls too: the same tool, method,
+        // path and body in a cycle is stopped like a model loop.
+        if let (Some(loops), Some(task)) = (&agent_guards.loops, task) {
+            let call = serde_json::json!({
+                "method": req.method.as_str(),
+                "path": decoded,
+                "query": req.uri.query(),
+                "body_sha256": body_read_sha.map(hex::encode),
+            });
+            let key = format!("{}/{task}", rules.name);
+            let what = format!("tool:{tool_name}");
+            let deny =
+                super::guards::check_loop_value(state, rules, agent_guards, loops, &key, &what, &call)?;
+            verdict.judge_external(rules, deny)?;
+        }
+
+        // The task watchdog counts tool calls too. Red stops the task;
+        // `degrade` has no cheaper model to offer a tool call: it only warns.
+        let mut guard = None;
+        if let (Some(wd), Some(task)) = (&agent_guards.watchdog, task) {
+            let key = format!("{}/{task}", rules.name);
+            match super::guards::watch(state, rules, wd, &key)? {
+                super::guards::Watch::Green => {}
+                super::guards::Watch::Warn | super::guards::Watch::Degrade(_) => {
+                    guard = Some("warn")
+                }
+                super::guards::Watch::Stop(deny) => verdict.judge_external(rules, Some(deny))?,
+            }
+        }
+
+        // A task that kept getting the same failure from this tool is cut off
+        // from it for a while.
+        let isolation = task.map(|t| {
+            (
+                format!("{}/{t}/{tool_name}", rules.name),
+                tool.isolate_after,
+                tool.isolate_for,
+            )
         });
-        let key = format!("{}/{task}", rules.name);
-        let what = format!("tool:{tool_name}");
-        if let Some(deny) =
-            super::guards::check_loop_value(state, rules, agent_guards, loops, &key, &what, &call)?
-        {
-            if let Err(deny) = verdict.judge_external(rules, Some(deny)) {
-                if let Some((k, _)) = &idem {
-                    let _ = state.store.idem_finish(state.clock.now(), k, None).await;
-                }
-                return Err(deny.into());
-            }
-        }
-    }
-
-    // The task watchdog counts tool calls too. Red stops the task; `degrade`
-    // has no cheaper model to offer a tool call, so it only warns here.
-    let mut guard = None;
-    if let (Some(wd), Some(task)) = (&agent_guards.watchdog, task) {
-        let key = format!("{}/{task}", rules.name);
-        match super::guards::watch(state, rules, wd, &key)? {
-            super::guards::Watch::Green => {}
-            super::guards::Watch::Warn | super::guards::Watch::Degrade(_) => guard = Some("warn"),
-            super::guards::Watch::Stop(deny) => {
-                if let Err(deny) = verdict.judge_external(rules, Some(deny)) {
-                    if let Some((k, _)) = &idem {
-                        let _ = state.store.idem_finish(state.clock.now(), k, None).await;
-                    }
-                    return Err(deny.into());
-                }
-            }
-        }
-    }
-
-    // A task that kept getting the same failure from this tool is cut off
-    // from it for a while.
-    let isolation = task.map(|t| {
-        (
-            format!("{}/{t}/{tool_name}", rules.name),
-            tool.isolate_after,
-            tool.isolate_for,
-        )
-    });
-    if let Some((key, _, _)) = &isolation {
-        let isolated = state
-            .streaks
-            .isolated(key, state.clock.now())
-            .map_err(|_| {
+        if let Some((key, _, _)) = &isolation {
+            let isolated = state.streaks.isolated(key, state.clock.now()).map_err(|_| {
                 Deny::new(
                     DenyCode::PolicyUnavailable,
                     "tool isolation state unavailable",
                 )
             })?;
-        if let Some(after) = isolated {
-            let deny = Deny::new(
-                DenyCode::ToolIsolated,
-                format!(
-                    "tool `{tool_name}` kept failing the same way for this task; isolated for now"
-                ),
-            )
-            .retry_after(after)
-            .never_retryable();
-            if let Err(deny) = verdict.judge_external(rules, Some(deny)) {
-                if let Some((k, _)) = &idem {
-                    let _ = state.store.idem_finish(state.clock.now(), k, None).await;
-                }
-                return Err(deny.into());
+            if let Some(after) = isolated {
+                let deny = Deny::new(
+                    DenyCode::ToolIsolated,
+                    format!(
+                        "tool `{tool_name}` kept failing the same way for this task; isolated for now"
+                    ),
+                )
+                .retry_after(after)
+                .never_retryable();
+                verdict.judge_external(rules, Some(deny))?;
             }
         }
-    }
 
-    // Request limits (per minute, in flight) apply to tool calls too.
-    let limits = rules
-        .admit_limits(
-            state.store,
-            state.clock.now(),
-            &LimitRequest {
-                estimated_prompt: 0,
-                max_tokens: Some(0),
-                task: None,
-            },
-            &mut verdict,
-        )
-        .await;
-    let taken = match limits {
-        Ok(t) => t,
-        Err(deny) => {
-            // Never sent: the key may be used again.
+        // Request limits (per minute, in flight) apply to tool calls too.
+        let taken = rules
+            .admit_limits(
+                state.store,
+                state.clock.now(),
+                &LimitRequest {
+                    estimated_prompt: 0,
+                    max_tokens: Some(0),
+                    task: None,
+                },
+                &mut verdict,
+            )
+            .await?;
+        Ok::<_, GatewayError>((guard, isolation, taken))
+    }
+    .await;
+    let (guard, isolation, taken) = match checked {
+        Ok(v) => v,
+        Err(e) => {
             if let Some((key, _)) = &idem {
                 let _ = state.store.idem_finish(state.clock.now(), key, None).await;
             }
-            return Err(deny.into());
+            return Err(e);
         }
     };
     Ok(Admitted::Forward(
