@@ -51,10 +51,12 @@ pub enum DenyCode {
     /// The policy could not be evaluated (a failed store, a poisoned lock):
     /// the request is refused, never let through.
     PolicyUnavailable,
+    /// The shared state store (Redis) did not answer in time or at all.
+    StateUnavailable,
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 30] = [
+    pub const ALL: [DenyCode; 31] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -85,6 +87,7 @@ impl DenyCode {
         DenyCode::OutcomeUnknown,
         DenyCode::ToolIsolated,
         DenyCode::PolicyUnavailable,
+        DenyCode::StateUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -119,6 +122,7 @@ impl DenyCode {
             DenyCode::ToolIsolated => "tool_isolated",
             DenyCode::LengthRequired => "length_required",
             DenyCode::PolicyUnavailable => "policy_unavailable",
+            DenyCode::StateUnavailable => "state_unavailable",
         }
     }
 
@@ -151,7 +155,7 @@ impl DenyCode {
             DenyCode::IdempotencyKeyReused => 422,
             DenyCode::LengthRequired => 411,
             DenyCode::LoopDetected => 409,
-            DenyCode::PolicyUnavailable => 503,
+            DenyCode::PolicyUnavailable | DenyCode::StateUnavailable => 503,
         }
     }
 
@@ -169,7 +173,7 @@ impl DenyCode {
             | DenyCode::LoopDetected
             | DenyCode::TaskStopped
             | DenyCode::ToolIsolated => "guard_error",
-            DenyCode::PolicyUnavailable => "gateway_error",
+            DenyCode::PolicyUnavailable | DenyCode::StateUnavailable => "gateway_error",
             DenyCode::MethodNotAllowed
             | DenyCode::InvalidPath
             | DenyCode::LengthRequired
@@ -197,6 +201,7 @@ impl DenyCode {
                 | DenyCode::TooManyInFlight
                 | DenyCode::RequestInProgress
                 | DenyCode::PolicyUnavailable
+                | DenyCode::StateUnavailable
         )
     }
 

@@ -22,12 +22,14 @@
 //! 8. limits, all in one atomic store call: requests and tokens per minute
 //!    (`rate_limited`), in-flight requests (`too_many_in_flight`).
 //!
-//! Any failure while evaluating (a failed store, a poisoned lock) denies
-//! with `policy_unavailable`; nothing is ever allowed by error. Rules of
+//! Any failure while evaluating denies: a failed state store with
+//! `state_unavailable`, other internal failures with `policy_unavailable`; nothing is ever allowed by error. Rules of
 //! steps 3, 6 and 8 can run in dry-run (see [`rules::Mode`]).
 
 pub mod body;
 pub mod clock;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 pub mod decision;
 pub mod endpoint;
 pub mod keys;

@@ -228,7 +228,7 @@ impl AgentRules {
     }
 
     /// Step 8: takes every limit that applies in one atomic store call.
-    /// A store failure denies with `policy_unavailable` (fail closed).
+    /// A store failure denies with `state_unavailable` (fail closed).
     pub async fn admit_limits(
         &self,
         store: &dyn StateStore,
@@ -293,7 +293,7 @@ impl AgentRules {
             }
             Ok(AdmitOutcome::Refused(r)) => Err(self.refusal_deny(&r, &windows, &slots)),
             Err(e) => Err(Deny::new(
-                DenyCode::PolicyUnavailable,
+                DenyCode::StateUnavailable,
                 format!("limits could not be checked: {}", e.0),
             )),
         }
@@ -751,7 +751,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failing_store_denies_with_policy_unavailable_even_in_dry_run() {
+    fn a_failing_store_denies_with_state_unavailable_even_in_dry_run() {
         let mut r = rules();
         r.limits.requests_per_minute = Some(100);
         r.mode = Mode::DryRun;
@@ -764,7 +764,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             (d.code, d.code.status(), d.retryable),
-            (DenyCode::PolicyUnavailable, 503, true)
+            (DenyCode::StateUnavailable, 503, true)
         );
         // Without limits configured the store is not consulted at all.
         r.limits = Limits::default();

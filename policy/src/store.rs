@@ -56,6 +56,9 @@ pub enum Refusal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     pub id: u64,
+    /// Taken from a local fallback store while the shared one was away
+    /// (`on_unavailable: local`): settle and release go back there.
+    pub degraded: bool,
     windows: Vec<String>,
     slots: Vec<String>,
 }
@@ -65,9 +68,30 @@ impl Lease {
     pub fn empty() -> Lease {
         Lease {
             id: 0,
+            degraded: false,
             windows: Vec::new(),
             slots: Vec::new(),
         }
+    }
+
+    /// A lease a store implementation hands out for `id`.
+    pub fn new(id: u64, windows: Vec<String>, slots: Vec<String>) -> Lease {
+        Lease {
+            id,
+            degraded: false,
+            windows,
+            slots,
+        }
+    }
+
+    /// The window keys this lease took from.
+    pub fn windows(&self) -> &[String] {
+        &self.windows
+    }
+
+    /// The concurrency slots this lease holds.
+    pub fn slots(&self) -> &[String] {
+        &self.slots
     }
 
     pub fn holds_window(&self, key: &str) -> bool {
@@ -341,11 +365,11 @@ impl StateStore for MemoryStore {
             *inner.slots.entry(s.key.clone()).or_insert(0) += 1;
         }
         Ok(AdmitOutcome::Taken {
-            lease: Lease {
+            lease: Lease::new(
                 id,
-                windows: windows.iter().map(|w| w.key.clone()).collect(),
-                slots: slots.iter().map(|s| s.key.clone()).collect(),
-            },
+                windows.iter().map(|w| w.key.clone()).collect(),
+                slots.iter().map(|s| s.key.clone()).collect(),
+            ),
             would_refuse,
             remaining,
         })

@@ -23,8 +23,9 @@ fn decision(code: Option<&'static str>) -> &'static str {
     match code {
         None => "allow",
         Some(c)
-            if DenyCode::parse(c).is_some_and(|d| d != DenyCode::PolicyUnavailable)
-                || c == "circuit_open"
+            if DenyCode::parse(c).is_some_and(|d| {
+                !matches!(d, DenyCode::PolicyUnavailable | DenyCode::StateUnavailable)
+            }) || c == "circuit_open"
                 || c == "unsupported_endpoint" =>
         {
             "deny"

@@ -186,7 +186,7 @@ pub async fn admit_tool(
                         policy.retry_after_failure,
                     )
                     .await
-                    .map_err(|e| Deny::new(DenyCode::PolicyUnavailable, e.to_string()))?;
+                    .map_err(|e| Deny::new(DenyCode::StateUnavailable, e.to_string()))?;
                 match begin {
                     IdemBegin::Fresh => idem = Some((record_key, policy.max_record_bytes)),
                     IdemBegin::InFlight => {

@@ -1,0 +1,360 @@
+//! The [`StateStore`] conformance suite: what every store implementation
+//! (the embedded memory store, Redis) must do, written once and run against
+//! each of them (feature `conformance`), so the two can never drift apart.
+//!
+//! Every check takes a fresh key `prefix` (a networked store may hold keys
+//! from earlier runs) and a base time `t0`; time moves only through the
+//! `now` argument, so stores must judge by it, not by their own clocks.
+
+use crate::store::{
+    AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Refusal, SlotTake, StateStore, WindowTake,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+const MIN: Duration = Duration::from_secs(60);
+const MS: Duration = Duration::from_millis(1);
+
+fn window(key: String, limit: u64, cost: u64) -> WindowTake {
+    WindowTake {
+        key,
+        limit,
+        window: MIN,
+        cost,
+        enforce: true,
+    }
+}
+
+fn slot(key: String, limit: u64) -> SlotTake {
+    SlotTake {
+        key,
+        limit,
+        enforce: true,
+    }
+}
+
+async fn taken(store: &dyn StateStore, now: Duration, w: &[WindowTake], s: &[SlotTake]) -> bool {
+    matches!(
+        store.admit(now, w, s).await.expect("store answers"),
+        AdmitOutcome::Taken { .. }
+    )
+}
+
+/// Runs every check in turn; panics (with the check's name) on the first
+/// violation.
+pub async fn run_all(store: Arc<dyn StateStore>, prefix: &str, t0: Duration) {
+    windows_admit_up_to_the_limit_and_say_when(&*store, &format!("{prefix}w1:"), t0).await;
+    all_or_nothing(&*store, &format!("{prefix}w2:"), t0).await;
+    a_cost_above_the_limit_never_fits(&*store, &format!("{prefix}w3:"), t0).await;
+    dry_run_takes_and_reports(&*store, &format!("{prefix}w4:"), t0).await;
+    slots_are_held_until_released(&*store, &format!("{prefix}s1:"), t0).await;
+    settle_replaces_the_estimate(&*store, &format!("{prefix}w5:"), t0).await;
+    idempotency_records(&*store, &format!("{prefix}i1:"), t0).await;
+    concurrent_admissions_never_exceed(store.clone(), &format!("{prefix}c1:"), t0).await;
+}
+
+/// N fit in a window, the N+1st is refused with the exact wait, and fits
+/// once the oldest entry has aged out.
+pub async fn windows_admit_up_to_the_limit_and_say_when(
+    store: &dyn StateStore,
+    p: &str,
+    t0: Duration,
+) {
+    let w = [window(format!("{p}rpm"), 3, 1)];
+    for i in 0..3u64 {
+        let out = store
+            .admit(t0 + MS * (i as u32) * 1000, &w, &[])
+            .await
+            .unwrap();
+        let AdmitOutcome::Taken { remaining, .. } = out else {
+            panic!("windows: request {i} of 3 refused: {out:?}");
+        };
+        assert_eq!(remaining, vec![2 - i], "windows: remaining after {i}");
+    }
+    let now = t0 + 2500 * MS;
+    let out = store.admit(now, &w, &[]).await.unwrap();
+    assert_eq!(
+        out,
+        AdmitOutcome::Refused(Refusal::Window {
+            index: 0,
+            retry_after: Some(MIN - 2500 * MS)
+        }),
+        "windows: the 4th waits until the first ages out"
+    );
+    // One millisecond early: still full; exactly then: fits.
+    assert!(
+        !taken(store, t0 + MIN - MS, &w, &[]).await,
+        "windows: early"
+    );
+    assert!(taken(store, t0 + MIN, &w, &[]).await, "windows: on time");
+}
+
+/// A refusal by one limit takes nothing from the others.
+pub async fn all_or_nothing(store: &dyn StateStore, p: &str, t0: Duration) {
+    let roomy = window(format!("{p}roomy"), 10, 1);
+    let full = window(format!("{p}full"), 1, 1);
+    assert!(taken(store, t0, &[full.clone()], &[]).await);
+    for _ in 0..5 {
+        assert!(!taken(store, t0, &[roomy.clone(), full.clone()], &[]).await);
+    }
+    let out = store.admit(t0, &[roomy], &[]).await.unwrap();
+    let AdmitOutcome::Taken { remaining, .. } = out else {
+        panic!("all_or_nothing: refused {out:?}");
+    };
+    assert_eq!(remaining, vec![9], "all_or_nothing: refusals took nothing");
+    // Slots too: a full slot refuses, and the window is not taken.
+    let s = slot(format!("{p}slot"), 1);
+    let w = window(format!("{p}w"), 2, 1);
+    assert!(taken(store, t0, &[], &[s.clone()]).await);
+    assert_eq!(
+        store.admit(t0, &[w.clone()], &[s]).await.unwrap(),
+        AdmitOutcome::Refused(Refusal::Slot { index: 0 })
+    );
+    let AdmitOutcome::Taken { remaining, .. } = store.admit(t0, &[w], &[]).await.unwrap() else {
+        panic!("all_or_nothing: window refused");
+    };
+    assert_eq!(remaining, vec![1]);
+}
+
+pub async fn a_cost_above_the_limit_never_fits(store: &dyn StateStore, p: &str, t0: Duration) {
+    let out = store
+        .admit(t0, &[window(format!("{p}tpm"), 100, 101)], &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        AdmitOutcome::Refused(Refusal::Window {
+            index: 0,
+            retry_after: None
+        })
+    );
+}
+
+pub async fn dry_run_takes_and_reports(store: &dyn StateStore, p: &str, t0: Duration) {
+    let mut w = window(format!("{p}dry"), 1, 1);
+    w.enforce = false;
+    assert!(taken(store, t0, &[w.clone()], &[]).await);
+    let out = store.admit(t0, &[w], &[]).await.unwrap();
+    let AdmitOutcome::Taken {
+        would_refuse,
+        remaining,
+        ..
+    } = out
+    else {
+        panic!("dry run refused: {out:?}");
+    };
+    assert!(
+        matches!(would_refuse, Some(Refusal::Window { index: 0, .. })),
+        "dry run reports {would_refuse:?}"
+    );
+    assert_eq!(remaining, vec![0]);
+    let mut s = slot(format!("{p}dryslot"), 1);
+    s.enforce = false;
+    assert!(taken(store, t0, &[], &[s.clone()]).await);
+    let AdmitOutcome::Taken { would_refuse, .. } = store.admit(t0, &[], &[s]).await.unwrap() else {
+        panic!("dry-run slot refused");
+    };
+    assert_eq!(would_refuse, Some(Refusal::Slot { index: 0 }));
+}
+
+pub async fn slots_are_held_until_released(store: &dyn StateStore, p: &str, t0: Duration) {
+    let s = [slot(format!("{p}inflight"), 2)];
+    let a = store.admit(t0, &[], &s).await.unwrap();
+    let b = store.admit(t0, &[], &s).await.unwrap();
+    let (AdmitOutcome::Taken { lease: la, .. }, AdmitOutcome::Taken { lease: lb, .. }) = (a, b)
+    else {
+        panic!("slots: two of two refused");
+    };
+    assert_ne!(la.id, lb.id, "slots: lease ids are unique");
+    assert!(!taken(store, t0, &[], &s).await, "slots: third refused");
+    store.release(&la).await.unwrap();
+    let c = store.admit(t0, &[], &s).await.unwrap();
+    assert!(matches!(c, AdmitOutcome::Taken { .. }), "slots: freed");
+    assert!(!taken(store, t0, &[], &s).await, "slots: full again");
+    store.release(&lb).await.unwrap();
+    assert!(taken(store, t0, &[], &s).await);
+}
+
+pub async fn settle_replaces_the_estimate(store: &dyn StateStore, p: &str, t0: Duration) {
+    let key = format!("{p}budget");
+    let w = [window(key.clone(), 1000, 600)];
+    let AdmitOutcome::Taken { lease, .. } = store.admit(t0, &w, &[]).await.unwrap() else {
+        panic!("settle: refused");
+    };
+    // 600 reserved: another 600 does not fit.
+    assert!(!taken(store, t0, &w, &[]).await);
+    store.settle(t0, &lease, &key, 100).await.unwrap();
+    // Settling again (a retried settle) changes nothing: it sets, never adds.
+    store.settle(t0, &lease, &key, 100).await.unwrap();
+    let out = store
+        .admit(t0, &[window(key.clone(), 1000, 900)], &[])
+        .await
+        .unwrap();
+    let AdmitOutcome::Taken { remaining, .. } = out else {
+        panic!("settle: the refund did not free room: {out:?}");
+    };
+    assert_eq!(remaining, vec![0], "settle: 100 + 900 of 1000");
+    // A key the lease never took is left alone.
+    store
+        .settle(t0, &lease, &format!("{p}other"), 5)
+        .await
+        .unwrap();
+}
+
+pub async fn idempotency_records(store: &dyn StateStore, p: &str, t0: Duration) {
+    let ttl = Duration::from_secs(600);
+    let sha = [7u8; 32];
+    let key = format!("{p}k1");
+    assert_eq!(
+        store.idem_begin(t0, &key, sha, ttl, false).await.unwrap(),
+        IdemBegin::Fresh
+    );
+    assert_eq!(
+        store.idem_begin(t0, &key, sha, ttl, false).await.unwrap(),
+        IdemBegin::InFlight
+    );
+    assert_eq!(
+        store
+            .idem_begin(t0, &key, [8u8; 32], ttl, false)
+            .await
+            .unwrap(),
+        IdemBegin::Mismatch
+    );
+    let rec = IdemRecord {
+        status: 201,
+        content_type: Some("application/json".into()),
+        body: b"{\"order\":42}\x00\xff".to_vec(),
+    };
+    store
+        .idem_finish(t0, &key, Some(IdemOutcome::Done(rec.clone())))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.idem_begin(t0, &key, sha, ttl, false).await.unwrap(),
+        IdemBegin::Ended(IdemOutcome::Done(rec))
+    );
+    let no_ct = IdemRecord {
+        status: 204,
+        content_type: None,
+        body: Vec::new(),
+    };
+    let k_ct = format!("{p}k-noct");
+    store.idem_begin(t0, &k_ct, sha, ttl, false).await.unwrap();
+    store
+        .idem_finish(t0, &k_ct, Some(IdemOutcome::Done(no_ct.clone())))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.idem_begin(t0, &k_ct, sha, ttl, false).await.unwrap(),
+        IdemBegin::Ended(IdemOutcome::Done(no_ct))
+    );
+    // Expired after the TTL: fresh again.
+    assert_eq!(
+        store
+            .idem_begin(t0 + ttl, &key, sha, ttl, false)
+            .await
+            .unwrap(),
+        IdemBegin::Fresh
+    );
+    // A failed first request: outcome_unknown unless retries are safe.
+    let k2 = format!("{p}k2");
+    store.idem_begin(t0, &k2, sha, ttl, false).await.unwrap();
+    store
+        .idem_finish(t0, &k2, Some(IdemOutcome::Failed))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.idem_begin(t0, &k2, sha, ttl, false).await.unwrap(),
+        IdemBegin::Ended(IdemOutcome::Failed)
+    );
+    assert_eq!(
+        store.idem_begin(t0, &k2, sha, ttl, true).await.unwrap(),
+        IdemBegin::Fresh
+    );
+    assert_eq!(
+        store.idem_begin(t0, &k2, sha, ttl, true).await.unwrap(),
+        IdemBegin::InFlight
+    );
+    // Unrecorded (too large) is remembered as such.
+    store
+        .idem_finish(t0, &k2, Some(IdemOutcome::Unrecorded))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.idem_begin(t0, &k2, sha, ttl, true).await.unwrap(),
+        IdemBegin::Ended(IdemOutcome::Unrecorded)
+    );
+    // Forgetting (never reached the tool) frees the key at once.
+    let k3 = format!("{p}k3");
+    store.idem_begin(t0, &k3, sha, ttl, false).await.unwrap();
+    store.idem_finish(t0, &k3, None).await.unwrap();
+    assert_eq!(
+        store
+            .idem_begin(t0, &k3, [1u8; 32], ttl, false)
+            .await
+            .unwrap(),
+        IdemBegin::Fresh
+    );
+}
+
+/// Many admissions at once against one window and one slot limit: exactly
+/// the limit is taken, never more.
+pub async fn concurrent_admissions_never_exceed(store: Arc<dyn StateStore>, p: &str, t0: Duration) {
+    let w = window(format!("{p}rpm"), 25, 1);
+    let s = slot(format!("{p}slots"), 1000);
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let (store, w, s) = (store.clone(), w.clone(), s.clone());
+        tasks.push(async move { store.admit(t0, &[w], &[s]).await });
+    }
+    let mut admitted = 0;
+    for out in join_all(tasks).await {
+        if let AdmitOutcome::Taken { .. } = out.expect("store answers") {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 25, "concurrent: admitted exactly the limit");
+}
+
+/// Polls all futures together (no runtime dependency in this crate).
+async fn join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
+    use std::pin::Pin;
+    use std::task::Poll;
+    let mut futs: Vec<Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = (0..futs.len()).map(|_| None).collect();
+    std::future::poll_fn(move |cx| {
+        let mut pending = false;
+        for (i, f) in futs.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => out[i] = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(out.iter_mut().map(|o| o.take().unwrap()).collect())
+        }
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    #[test]
+    fn the_memory_store_conforms() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(run_all(
+            Arc::new(MemoryStore::new()),
+            "conf:",
+            Duration::from_secs(1_796_000_000),
+        ));
+    }
+}

@@ -1,0 +1,288 @@
+//! The Redis store against a real `redis-server` on a free loopback port:
+//! the shared conformance suite, failure handling, lease expiry.
+
+use loopgate_policy::{conformance, AdmitOutcome, SlotTake, StateStore, WindowTake};
+use loopgate_state::{FallbackStore, RedisConfig, RedisStore, SharedFlags};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Redis::start_on(port)
+    }
+
+    fn start_on(port: u16) -> Redis {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (apt-get install -y redis-server)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn cfg(url: &str, prefix: &str) -> RedisConfig {
+    RedisConfig {
+        url: url.to_string(),
+        key_prefix: prefix.to_string(),
+        timeout: Duration::from_millis(200),
+        slot_lease: Duration::from_secs(30),
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn epoch() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
+}
+
+async fn connected(url: &str, prefix: &str) -> RedisStore {
+    let s = RedisStore::start(cfg(url, prefix)).unwrap();
+    assert!(s.wait_available(Duration::from_secs(5)).await, "connects");
+    s
+}
+
+#[test]
+fn the_redis_store_conforms() {
+    let redis = Redis::start();
+    rt().block_on(async {
+        let s = connected(&redis.url(), "t1:").await;
+        // A time base far from the real clock: the store must judge by `now`.
+        conformance::run_all(Arc::new(s), "conf:", Duration::from_secs(1_700_000_000)).await;
+    });
+}
+
+#[test]
+fn two_clients_share_one_limit_exactly() {
+    let redis = Redis::start();
+    rt().block_on(async {
+        let a: Arc<dyn StateStore> = Arc::new(connected(&redis.url(), "t2:").await);
+        let b: Arc<dyn StateStore> = Arc::new(connected(&redis.url(), "t2:").await);
+        let w = WindowTake {
+            key: "agent:rpm".into(),
+            limit: 40,
+            window: Duration::from_secs(60),
+            cost: 1,
+            enforce: true,
+        };
+        let now = epoch();
+        let mut tasks = Vec::new();
+        for i in 0..160 {
+            let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let w = w.clone();
+            tasks.push(tokio::spawn(async move { s.admit(now, &[w], &[]).await }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            if let AdmitOutcome::Taken { .. } = t.await.unwrap().unwrap() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 40);
+    });
+}
+
+#[test]
+fn an_unreachable_redis_fails_fast_and_the_fallback_admits_locally() {
+    // A port nobody listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}/0");
+    rt().block_on(async {
+        let s = RedisStore::start(cfg(&url, "t3:")).unwrap();
+        let w = WindowTake {
+            key: "a:rpm".into(),
+            limit: 10,
+            window: Duration::from_secs(60),
+            cost: 1,
+            enforce: true,
+        };
+        let t = Instant::now();
+        let err = s.admit(epoch(), &[w.clone()], &[]).await.unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(1), "fails fast");
+        assert!(err.0.contains("not connected"), "{err}");
+        assert!(!s.health().available);
+
+        // Local fallback with 2 replicas: 10 / 2 = 5 per instance.
+        let f = FallbackStore::new(s, 2);
+        let mut admitted = 0;
+        for _ in 0..10 {
+            if let AdmitOutcome::Taken { lease, .. } =
+                f.admit(epoch(), &[w.clone()], &[]).await.unwrap()
+            {
+                assert!(lease.degraded);
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 5);
+        assert_eq!(f.degraded_admissions(), 10);
+    });
+}
+
+#[test]
+fn the_store_comes_back_when_redis_does() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}/0");
+    rt().block_on(async {
+        let redis = Redis::start_on(port);
+        let s = connected(&url, "t4:").await;
+        let w = [WindowTake {
+            key: "a:rpm".into(),
+            limit: 1000,
+            window: Duration::from_secs(60),
+            cost: 1,
+            enforce: true,
+        }];
+        assert!(s.admit(epoch(), &w, &[]).await.is_ok());
+        drop(redis);
+        // Every call fails, fast, while it is away.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let t = Instant::now();
+            let r = s.admit(epoch(), &w, &[]).await;
+            assert!(
+                t.elapsed() < Duration::from_millis(600),
+                "bounded by the timeout"
+            );
+            if r.is_err() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "notices redis is gone");
+        }
+        for _ in 0..5 {
+            assert!(s.admit(epoch(), &w, &[]).await.is_err());
+        }
+        let _redis = Redis::start_on(port);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.admit(epoch(), &w, &[]).await.is_err() {
+            assert!(Instant::now() < deadline, "reconnects on its own");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(s.health().available);
+    });
+}
+
+#[test]
+fn slots_of_a_dead_instance_come_back_after_the_lease() {
+    let redis = Redis::start();
+    rt().block_on(async {
+        let mut c = cfg(&redis.url(), "t5:");
+        c.slot_lease = Duration::from_millis(600);
+        let live = RedisStore::start(c.clone()).unwrap();
+        assert!(live.wait_available(Duration::from_secs(5)).await);
+        let slot = [SlotTake {
+            key: "a:inflight".into(),
+            limit: 1,
+            enforce: true,
+        }];
+        // `live` holds its slot past several lease periods: renewed.
+        let AdmitOutcome::Taken { lease, .. } = live.admit(epoch(), &[], &slot).await.unwrap()
+        else {
+            panic!("first slot refused");
+        };
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            matches!(
+                live.admit(epoch(), &[], &slot).await.unwrap(),
+                AdmitOutcome::Refused(_)
+            ),
+            "a live lease is renewed, not lost"
+        );
+        live.release(&lease).await.unwrap();
+
+        // A "dead" instance: takes a slot with a raw script call nobody renews.
+        let dead = RedisStore::start(c).unwrap();
+        assert!(dead.wait_available(Duration::from_secs(5)).await);
+        let AdmitOutcome::Taken { .. } = dead.admit(epoch(), &[], &slot).await.unwrap() else {
+            panic!("slot refused");
+        };
+        assert!(matches!(
+            live.admit(epoch(), &[], &slot).await.unwrap(),
+            AdmitOutcome::Refused(_)
+        ));
+        dead.forget_leases_for_tests();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(
+            matches!(
+                live.admit(epoch(), &[], &slot).await.unwrap(),
+                AdmitOutcome::Taken { .. }
+            ),
+            "the dead instance's slot came back"
+        );
+    });
+}
+
+#[test]
+fn an_open_breaker_is_shared() {
+    let redis = Redis::start();
+    rt().block_on(async {
+        let a = SharedFlags::new(connected(&redis.url(), "t6:").await, "t6:");
+        let b = SharedFlags::new(connected(&redis.url(), "t6:").await, "t6:");
+        let now = epoch().as_millis() as u64;
+        assert!(b.sync_breakers(now, &[]).await.unwrap().is_empty());
+        a.sync_breakers(now, &[("mock".into(), now + 5000)])
+            .await
+            .unwrap();
+        assert_eq!(
+            b.sync_breakers(now, &[]).await.unwrap(),
+            vec![("mock".into(), now + 5000)]
+        );
+        // The later of two wins; expired entries go.
+        b.sync_breakers(now, &[("mock".into(), now + 3000)])
+            .await
+            .unwrap();
+        assert_eq!(
+            a.sync_breakers(now + 4000, &[]).await.unwrap(),
+            vec![("mock".into(), now + 5000)]
+        );
+        assert!(a.sync_breakers(now + 5000, &[]).await.unwrap().is_empty());
+        a.sync_breakers(now, &[("tool".into(), now + 5000)])
+            .await
+            .unwrap();
+        a.clear_breaker("tool").await.unwrap();
+        assert!(b.sync_breakers(now, &[]).await.unwrap().is_empty());
+    });
+}
