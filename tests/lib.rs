@@ -435,3 +435,66 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 pub fn auth(key: &str) -> String {
     format!("Authorization: Bearer {key}")
 }
+
+/// A real `redis-server` on a free loopback port (no persistence), stopped
+/// when dropped. `.ci/run` installs it.
+pub struct Redis {
+    proc: Option<Proc>,
+    pub port: u16,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        Redis::start_on(free_port())
+    }
+
+    /// On `port` (to bring one back where the gateways expect it).
+    pub fn start_on(port: u16) -> Redis {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (apt-get install -y redis-server)");
+        let redis = Redis {
+            proc: Some(Proc(child)),
+            port,
+        };
+        assert!(
+            eventually(10, || TcpStream::connect(("127.0.0.1", port)).is_ok()),
+            "redis-server did not start on {port}"
+        );
+        redis
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Stops the server now (a Redis outage).
+    pub fn stop(&mut self) {
+        self.proc.take();
+        assert!(
+            eventually(10, || TcpStream::connect(("127.0.0.1", self.port)).is_err()),
+            "redis-server did not stop"
+        );
+    }
+
+    /// `INFO commandstats` as `(command, calls)`.
+    pub fn command_calls(&self) -> Vec<(String, u64)> {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "INFO", "commandstats"])
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("cmdstat_")?;
+                let (cmd, stats) = rest.split_once(':')?;
+                let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+                Some((cmd.to_string(), calls.parse().ok()?))
+            })
+            .collect()
+    }
+}

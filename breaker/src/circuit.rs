@@ -225,6 +225,11 @@ impl Breaker {
         }
     }
 
+    /// When open at `now`: until when.
+    pub fn open_until_at(&self, now: Duration) -> Option<Duration> {
+        (self.state == State::Open && now < self.open_until).then_some(self.open_until)
+    }
+
     fn advance(&mut self, now: Duration) -> Option<Transition> {
         if self.state == State::Open && now >= self.open_until {
             self.state = State::HalfOpen;

@@ -162,6 +162,45 @@ impl BreakerSet {
         }))
     }
 
+    /// The keys open at `now`, with the time each stays open until (to
+    /// share with other instances).
+    pub fn open_until(&self, now: Duration) -> Vec<(String, Duration)> {
+        let Ok(map) = self.lock() else {
+            return Vec::new();
+        };
+        map.iter()
+            .filter_map(|(k, e)| e.breaker.open_until_at(now).map(|u| (k.clone(), u)))
+            .collect()
+    }
+
+    /// Opens `key` until `until` because another instance opened it: a
+    /// breaker already open at least that long is left alone. A key this
+    /// instance has not used yet starts with the default config, replaced
+    /// by the route's on first use.
+    pub fn adopt_open(
+        &self,
+        key: &str,
+        until: Duration,
+        now: Duration,
+    ) -> Result<Option<Transition>, Unknown> {
+        if until <= now {
+            return Ok(None);
+        }
+        let mut map = self.lock()?;
+        if !map.contains_key(key) {
+            map.insert(
+                key.to_string(),
+                Entry {
+                    breaker: Breaker::new(BreakerConfig::default(), now),
+                    health: Health::default(),
+                },
+            );
+        }
+        let e = map.get_mut(key).expect("inserted above");
+        Ok(e.breaker
+            .hold_open(now, until - now, "opened by another instance"))
+    }
+
     /// Every breaker's snapshot, sorted by key.
     pub fn snapshots(&self, now: Duration) -> Result<Vec<(String, Snapshot)>, Unknown> {
         let mut map = self.lock()?;

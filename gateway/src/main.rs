@@ -14,6 +14,7 @@ mod proxy;
 mod reload;
 mod secret;
 mod server;
+mod shared;
 
 use clap::{Parser, Subcommand};
 use std::io::{Read, Write};

@@ -33,6 +33,10 @@ pub struct Metrics {
     pub loop_trips: IntCounterVec,
     pub guard: IntCounterVec,
     pub budget_cuts: IntCounterVec,
+    /// 1 while the shared state store (Redis) answers; 1 for memory.
+    pub state_available: IntGauge,
+    /// Admissions made on local limits while Redis was away.
+    pub state_degraded: IntCounter,
 }
 
 /// Latency buckets from 100 us to 5 min: gateway overhead is microseconds,
@@ -135,8 +139,17 @@ impl Metrics {
                 counter("loopgate_budget_cuts_total", "Streams cut because they outgrew their token budget."),
                 &["agent"]
             )),
+            state_available: reg!(IntGauge::new(
+                "loopgate_state_available",
+                "1 while the shared state store answers (always 1 for the memory store)."
+            )),
+            state_degraded: reg!(IntCounter::new(
+                "loopgate_state_degraded_total",
+                "Requests admitted on this instance's local limits because Redis was unavailable."
+            )),
             registry,
         };
+        m.state_available.set(1);
         // Every code is visible from the start, at zero.
         for code in DenyCode::ALL {
             m.denials.with_label_values(&[code.as_str()]);

@@ -72,12 +72,13 @@ pub fn try_reload(
     metrics: &Metrics,
 ) -> Result<(), Vec<String>> {
     match config::load(path) {
-        Ok(new) => {
+        Ok(mut new) => {
             let old = current.load();
             for (what, changed) in [
                 ("listen", old.listen != new.listen),
                 ("admin.listen", old.admin_listen != new.admin_listen),
                 ("threads", old.threads != new.threads),
+                ("state", old.state != new.state),
             ] {
                 if changed {
                     log::warn!(
@@ -86,6 +87,9 @@ pub fn try_reload(
                     );
                 }
             }
+            // The running store stays (its limits and leases live there); the
+            // snapshot says what is really in force.
+            new.state = old.state.clone();
             // Keep known addresses so a reload never makes a provider unreachable.
             for p in new.upstreams().filter(|p| p.needs_dns()) {
                 if let Some(addr) = old

@@ -7,10 +7,11 @@ use crate::metrics::Metrics;
 use crate::probe;
 use crate::proxy::Gateway;
 use crate::reload;
+use crate::shared::{self, Shared};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use loopgate_breaker::BreakerSet;
-use loopgate_policy::{Clock, MemoryStore, StateStore, SystemClock};
+use loopgate_policy::{Clock, SystemClock};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use pingora::server::configuration::ServerConf;
@@ -34,9 +35,19 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
     let metrics = Arc::new(Metrics::new());
     let reload_path = path.clone();
     reload::spawn(path, config.clone(), metrics.clone());
-    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::default());
     let breakers = Arc::new(BreakerSet::new());
+    let (store, shared) = match shared::build(&config.load().state) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("state store: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Some(sh) = &shared {
+        metrics.state_available.set(0);
+        shared::spawn_breaker_sync(sh.clone(), breakers.clone(), clock.clone(), metrics.clone());
+    }
     probe::spawn(
         config.clone(),
         breakers.clone(),
@@ -88,6 +99,7 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
             breakers,
             clock,
             path: reload_path,
+            shared,
         };
         let mut svc = Service::new("loopgate admin".to_string(), admin_app);
         svc.add_tcp(&admin.to_string());
@@ -127,6 +139,8 @@ struct Admin {
     breakers: Arc<BreakerSet>,
     clock: Arc<dyn Clock>,
     path: PathBuf,
+    /// The Redis side of shared state, when configured.
+    shared: Option<Arc<Shared>>,
 }
 
 impl Admin {
@@ -207,12 +221,19 @@ impl ServeHttp for Admin {
                     .filter(|p| p.addr.load().is_none())
                     .map(|p| p.name.as_str())
                     .collect();
-                if unresolved.is_empty() {
-                    json_response(200, &serde_json::json!({"status": "ready"}))
+                let (store_ready, store) = match &self.shared {
+                    Some(s) => s.readiness(),
+                    None => (
+                        true,
+                        serde_json::json!({"backend": "memory", "available": true}),
+                    ),
+                };
+                if unresolved.is_empty() && store_ready {
+                    json_response(200, &serde_json::json!({"status": "ready", "store": store}))
                 } else {
                     json_response(
                         503,
-                        &serde_json::json!({"status": "not_ready", "unresolved_providers": unresolved}),
+                        &serde_json::json!({"status": "not_ready", "unresolved_providers": unresolved, "store": store}),
                     )
                 }
             }
@@ -244,6 +265,12 @@ impl ServeHttp for Admin {
             (p, _, true) if p.starts_with("/admin/breakers/") && p.ends_with("/reset") => {
                 let key = &p["/admin/breakers/".len()..p.len() - "/reset".len()];
                 let key = percent_decode(key);
+                if let Some(s) = &self.shared {
+                    // Or the other instances would open it here again.
+                    if let Err(e) = s.flags.clear_breaker(&key).await {
+                        log::warn!("breaker `{key}`: reset not shared: {e}");
+                    }
+                }
                 match self.breakers.reset(&key, self.clock.now()) {
                     Ok(t) => {
                         if let Some(t) = &t {

@@ -46,7 +46,11 @@ impl FallbackStore {
     }
 
     fn note(&self, e: &StoreError) {
-        if self.degraded.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
+        if self
+            .degraded
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(1000)
+        {
             log::warn!("{e}; admitting on this instance's local limits");
         }
     }

@@ -43,6 +43,150 @@ pub struct Config {
     pub tool_access: Vec<HashMap<String, ToolGrant>>,
     pub keys: KeyIndex<usize>,
     pub max_body_bytes: u64,
+    /// Read at start only: a reload that changes it is logged and ignored.
+    pub state: StateSettings,
+}
+
+/// Where shared state lives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StateSettings {
+    Memory,
+    Redis(RedisSettings),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisSettings {
+    pub url: Secret,
+    pub key_prefix: String,
+    pub timeout: Duration,
+    pub on_unavailable: spec::OnUnavailable,
+    pub replicas: u64,
+    pub slot_lease: Duration,
+    pub breaker_sync: Duration,
+}
+
+impl StateSettings {
+    fn redacted_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            StateSettings::Memory => json!({"backend": "memory"}),
+            StateSettings::Redis(r) => json!({
+                "backend": "redis",
+                "url": redact_url(r.url.expose()),
+                "key_prefix": r.key_prefix,
+                "timeout_ms": r.timeout.as_millis() as u64,
+                "on_unavailable": match r.on_unavailable {
+                    spec::OnUnavailable::Deny => "deny",
+                    spec::OnUnavailable::Local => "local",
+                },
+                "replicas": r.replicas,
+                "slot_lease_ms": r.slot_lease.as_millis() as u64,
+                "breaker_sync_ms": r.breaker_sync.as_millis() as u64,
+            }),
+        }
+    }
+}
+
+/// `redis://user:pw@host/0` -> `redis://user:***@host/0`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "***".into();
+    };
+    match rest.rsplit_once('@') {
+        Some((creds, host)) => {
+            let user = creds.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_string(),
+    }
+}
+
+fn build_state(
+    errs: &mut Errs,
+    s: Option<&spec::StateSpec>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> StateSettings {
+    let Some(s) = s else {
+        return StateSettings::Memory;
+    };
+    if s.backend == spec::StateBackend::Memory {
+        for (set, field) in [
+            (s.url.is_some(), "url"),
+            (s.url_env.is_some(), "url_env"),
+            (s.on_unavailable.is_some(), "on_unavailable"),
+        ] {
+            if set {
+                errs.push(format!("state.{field}"), "only applies to backend: redis");
+            }
+        }
+        return StateSettings::Memory;
+    }
+    let url = match (&s.url, &s.url_env) {
+        (Some(u), None) => Some(u.clone()),
+        (None, Some(var)) => match env(var) {
+            Some(v) if !v.trim().is_empty() => Some(v.trim().to_string()),
+            _ => {
+                errs.push(
+                    "state.url_env",
+                    format!("environment variable {var} is not set or empty"),
+                );
+                None
+            }
+        },
+        (Some(_), Some(_)) => {
+            errs.push("state.url", "give url or url_env, not both");
+            None
+        }
+        (None, None) => {
+            errs.push("state.url", "backend: redis needs url (or url_env)");
+            None
+        }
+    };
+    if let Some(u) = &url {
+        if !(u.starts_with("redis://") || u.starts_with("unix://")) {
+            errs.push(
+                if s.url.is_some() {
+                    "state.url"
+                } else {
+                    "state.url_env"
+                },
+                format!("`{}` is not a redis:// URL", redact_url(u)),
+            );
+        }
+    }
+    let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| match v {
+        Some(0) => {
+            errs.push(format!("state.{field}"), "must be at least 1");
+            default
+        }
+        Some(n) => n,
+        None => default,
+    };
+    let on_unavailable = s.on_unavailable.unwrap_or(spec::OnUnavailable::Deny);
+    let replicas = match (on_unavailable, s.replicas) {
+        (spec::OnUnavailable::Local, None) => {
+            errs.push(
+                "state.replicas",
+                "on_unavailable: local needs replicas (each instance then admits 1/replicas of every limit)",
+            );
+            1
+        }
+        _ => positive(errs, "replicas", s.replicas, 1),
+    };
+    StateSettings::Redis(RedisSettings {
+        url: Secret::new(url.unwrap_or_default()),
+        key_prefix: s.key_prefix.clone().unwrap_or_else(|| "loopgate:".into()),
+        timeout: Duration::from_millis(positive(errs, "timeout_ms", s.timeout_ms, 50)),
+        on_unavailable,
+        replicas,
+        slot_lease: Duration::from_millis(positive(errs, "slot_lease_ms", s.slot_lease_ms, 30_000)),
+        breaker_sync: Duration::from_millis(positive(
+            errs,
+            "breaker_sync_ms",
+            s.breaker_sync_ms,
+            250,
+        )),
+    })
 }
 
 impl Config {
@@ -136,6 +280,7 @@ impl Config {
             },
             "access_log": format!("{:?}", self.access_log),
             "max_body_bytes": self.max_body_bytes,
+            "state": self.state.redacted_json(),
             "providers": providers,
             "tools": self.tools.values().map(|t| {
                 let p = &t.route.targets[0].provider;
@@ -411,6 +556,7 @@ pub fn build(
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
 
+    let state = build_state(&mut errs, spec.state.as_ref(), env);
     let max_body_bytes = spec.policy.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
     check_body_limit(&mut errs, "policy.max_body_bytes", max_body_bytes);
 
@@ -757,6 +903,7 @@ pub fn build(
         tool_access,
         keys,
         max_body_bytes,
+        state,
     })
 }
 
@@ -1324,6 +1471,53 @@ agents:
         );
         assert!(c.routes.find("gpt-4o-2024").is_none());
         assert_eq!(c.keys.lookup(b"abc"), Some(&0));
+    }
+
+    #[test]
+    fn state_settings_are_validated_and_the_url_password_never_shown() {
+        let c = build_str(GOOD).unwrap();
+        assert_eq!(c.state, StateSettings::Memory);
+        let with = |state: &str| build_str(&format!("{GOOD}\nstate: {state}\n"));
+        let c = with("{ backend: redis, url: \"redis://u:hunter2@127.0.0.1:6379/0\" }").unwrap();
+        let StateSettings::Redis(r) = &c.state else {
+            panic!("redis expected");
+        };
+        assert_eq!(r.timeout, Duration::from_millis(50));
+        assert_eq!(r.on_unavailable, spec::OnUnavailable::Deny);
+        assert_eq!(r.key_prefix, "loopgate:");
+        let shown = c.redacted_json().to_string();
+        assert!(shown.contains("redis://u:***@127.0.0.1:6379/0"), "{shown}");
+        assert!(!shown.contains("hunter2"));
+        for (state, want) in [
+            (
+                "{ backend: redis }",
+                "t.yaml: state.url: backend: redis needs url",
+            ),
+            (
+                "{ backend: redis, url: \"http://x\" }",
+                "t.yaml: state.url: `http://x` is not a redis:// URL",
+            ),
+            (
+                "{ backend: redis, url: \"redis://h\", on_unavailable: local }",
+                "t.yaml: state.replicas: on_unavailable: local needs replicas",
+            ),
+            (
+                "{ backend: redis, url: \"redis://h\", timeout_ms: 0 }",
+                "t.yaml: state.timeout_ms: must be at least 1",
+            ),
+            (
+                "{ backend: redis, url_env: UNSET }",
+                "t.yaml: state.url_env: environment variable UNSET is not set or empty",
+            ),
+            (
+                "{ backend: memory, url: \"redis://h\" }",
+                "t.yaml: state.url: only applies to backend: redis",
+            ),
+            ("{ backend: etcd }", "state.backend: unknown variant `etcd`"),
+        ] {
+            let errs = with(state).unwrap_err();
+            assert!(errs.iter().any(|e| e.contains(want)), "{state}: {errs:?}");
+        }
     }
 
     #[test]

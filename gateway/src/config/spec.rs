@@ -29,6 +29,56 @@ pub struct ConfigSpec {
     pub agents: BTreeMap<String, AgentSpec>,
     #[serde(default)]
     pub policy: PolicySpec,
+    /// Where shared state lives: the embedded memory store (default, one
+    /// instance) or Redis (several instances share limits and breakers).
+    #[serde(default)]
+    pub state: Option<StateSpec>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateBackend {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnavailable {
+    /// 503 `state_unavailable`; nothing goes upstream.
+    Deny,
+    /// The embedded store, with limits divided by `replicas`.
+    Local,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSpec {
+    pub backend: StateBackend,
+    /// `redis://host:port/db` (a password belongs in `url_env`).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Environment variable holding the URL instead (for one with a password).
+    #[serde(default)]
+    pub url_env: Option<String>,
+    /// Prefix of every key (default `loopgate:`).
+    #[serde(default)]
+    pub key_prefix: Option<String>,
+    /// Bound on each store call from the request path (default 50).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Default `deny`.
+    #[serde(default)]
+    pub on_unavailable: Option<OnUnavailable>,
+    /// Instances sharing the limits; with `local`, each admits 1/replicas.
+    #[serde(default)]
+    pub replicas: Option<u64>,
+    /// How long a concurrency slot outlives a dead instance (default 30000).
+    #[serde(default)]
+    pub slot_lease_ms: Option<u64>,
+    /// How often open breakers are exchanged (default 250).
+    #[serde(default)]
+    pub breaker_sync_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

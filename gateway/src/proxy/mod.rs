@@ -294,6 +294,9 @@ impl Gateway {
                     self.metrics.would_deny(code);
                 }
                 ctx.settle_keys = taken.settle_keys;
+                if taken.lease.degraded {
+                    self.metrics.state_degraded.inc();
+                }
                 ctx.lease = Some(taken.lease);
                 if admission.degraded_from.is_some() {
                     // The watchdog rewrote the model: Pingora's replay holds
@@ -947,6 +950,10 @@ impl ProxyHttp for Gateway {
             if let Some(from) = &adm.degraded_from {
                 resp.insert_header(respond::DEGRADED_HEADER, format!("{from}->{}", adm.model))?;
             }
+        }
+        if ctx.lease.as_ref().is_some_and(|l| l.degraded) {
+            // Admitted on this instance's share of the limits: Redis was away.
+            resp.append_header(respond::DEGRADED_HEADER, "state")?;
         }
         // Usage feeds token metrics and limit settlement; read it as it passes.
         let ct = content_type(resp);

@@ -1,0 +1,292 @@
+//! Several gateway instances sharing one Redis: limits, budgets and
+//! in-flight slots are exact across replicas, an open breaker is shared,
+//! and losing Redis never lets a request through by accident.
+
+use loopgate_tests::*;
+use std::process::Command;
+use std::thread;
+
+const RPM_KEY: &str = "scale-rpm-key-0001";
+const BUDGET_KEY: &str = "scale-budget-key-0002";
+const SLOTS_KEY: &str = "scale-slots-key-0003";
+const CHAT: &str =
+    r#"{"model":"gpt-4o-mini","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+
+/// A gateway config sharing state through `redis`; `state_extra` adds
+/// fields to the `state:` map.
+fn config(mock: &Mock, redis: &Redis, state_extra: &str) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}" }}
+threads: 2
+access_log: {{ path: "off" }}
+state:
+  backend: redis
+  url: "{url}"
+  key_prefix: "lg:"
+  timeout_ms: 200
+  slot_lease_ms: 1500
+  breaker_sync_ms: 200
+{state_extra}
+providers:
+  mock:
+    kind: openai_compatible
+    base_url: "{mock}"
+    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
+    timeouts: {{ connect_ms: 1000, read_ms: 30000 }}
+    breaker: {{ consecutive_failures: 2, open_ms: 10000 }}
+routes:
+  - models: [gpt-4o-mini]
+    targets: [ {{ provider: mock }} ]
+agents:
+  rpm:
+    key_sha256: "{rpm}"
+    models: [gpt-4o-mini]
+    requests_per_minute: 10
+  budget:
+    key_sha256: "{budget}"
+    models: [gpt-4o-mini]
+    budgets: {{ daily_tokens: 1000 }}
+  slots:
+    key_sha256: "{slots}"
+    models: [gpt-4o-mini]
+    max_in_flight: 4
+"#,
+        url = redis.url(),
+        mock = mock.url(),
+        rpm = sha256_hex(RPM_KEY.as_bytes()),
+        budget = sha256_hex(BUDGET_KEY.as_bytes()),
+        slots = sha256_hex(SLOTS_KEY.as_bytes()),
+    )
+}
+
+fn chat(gw: &Gateway, key: &str, extra: &[&str]) -> Resp {
+    let url = gw.url("/v1/chat/completions");
+    let auth = auth(key);
+    // -m: a hang guard, never a timing judgement.
+    let mut args = vec![url.as_str(), "-m", "20", "-H", &auth];
+    args.extend_from_slice(extra);
+    args.extend(["-d", CHAT]);
+    curl(&args)
+}
+
+fn received(mock: &Mock) -> u64 {
+    curl(&[&format!("{}/_mock/stats", mock.url())]).json()["requests"]
+        .as_u64()
+        .unwrap()
+}
+
+/// `n` requests at once, spread round-robin over `gws`.
+fn burst(
+    gws: &[Gateway],
+    n: usize,
+    key: &'static str,
+    extra: &'static [&'static str],
+) -> Vec<Resp> {
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let gw = &gws[i % gws.len()];
+                s.spawn(move || chat(gw, key, extra))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn count(resps: &[Resp], status: u16) -> usize {
+    resps.iter().filter(|r| r.status == status).count()
+}
+
+fn three(mock: &Mock, redis: &Redis, state_extra: &str) -> Vec<Gateway> {
+    let yaml = config(mock, redis, state_extra);
+    (0..3).map(|_| Gateway::start(&yaml)).collect()
+}
+
+#[test]
+fn three_instances_admit_exactly_the_shared_limits() {
+    let mock = Mock::start();
+    let redis = Redis::start();
+    let gws = three(&mock, &redis, "");
+    for gw in &gws {
+        let ready = curl(&[&gw.admin_url("/ready")]);
+        assert_eq!(ready.status, 200, "{}", ready.text());
+        assert_eq!(ready.json()["store"]["backend"], "redis");
+        assert_eq!(ready.json()["store"]["available"], true);
+    }
+
+    // 10 requests per minute; 40 at once over three instances.
+    let before = received(&mock);
+    let r = burst(&gws, 40, RPM_KEY, &[]);
+    assert_eq!(count(&r, 200), 10, "admitted vs limit 10");
+    assert_eq!(count(&r, 429), 30);
+    for denied in r.iter().filter(|r| r.status == 429) {
+        denied.assert_gateway_error(429, "rate_limited");
+    }
+    assert_eq!(
+        received(&mock) - before,
+        10,
+        "the provider saw exactly the limit"
+    );
+
+    // A daily budget of 1000 tokens; each request reserves ~101 (its prompt
+    // plus max_tokens 100), so 9 fit. The mock answers slowly, so no
+    // reservation is settled (refunded) while the burst is admitted.
+    let before = received(&mock);
+    let r = burst(&gws, 36, BUDGET_KEY, &["-H", "x-mock-latency-ms: 3000"]);
+    assert_eq!(count(&r, 200), 9, "admitted reservations within the budget");
+    for denied in r.iter().filter(|r| r.status != 200) {
+        denied.assert_gateway_error(402, "budget_exceeded");
+    }
+    assert_eq!(received(&mock) - before, 9);
+
+    // 4 in flight at most, 16 slow requests at once.
+    let before = received(&mock);
+    let r = burst(&gws, 16, SLOTS_KEY, &["-H", "x-mock-latency-ms: 3000"]);
+    assert_eq!(count(&r, 200), 4, "in flight vs limit 4");
+    for denied in r.iter().filter(|r| r.status != 200) {
+        denied.assert_gateway_error(429, "too_many_in_flight");
+    }
+    assert_eq!(received(&mock) - before, 4);
+    // Released: the next ones get in.
+    assert_eq!(count(&burst(&gws, 3, SLOTS_KEY, &[]), 200), 3);
+}
+
+#[test]
+fn a_breaker_opened_on_one_instance_is_open_on_all() {
+    let mock = Mock::start();
+    let redis = Redis::start();
+    let gws = three(&mock, &redis, "");
+    for _ in 0..2 {
+        assert_eq!(
+            chat(&gws[0], RPM_KEY, &["-H", "x-mock-status: 500"]).status,
+            500
+        );
+    }
+    chat(&gws[0], RPM_KEY, &[]).assert_gateway_error(503, "circuit_open");
+    // B and C learn it through Redis (watched on their admin port, so the
+    // watching sends nothing upstream)...
+    let before = received(&mock);
+    for gw in &gws[1..] {
+        assert!(
+            eventually(2, || gw.metric("loopgate_breaker_state{key=\"mock\"}")
+                == 1.0),
+            "the other instances open within a second"
+        );
+    }
+    // ...and refuse at once, with Retry-After; the upstream sees nothing.
+    for gw in &gws {
+        for _ in 0..3 {
+            let r = chat(gw, SLOTS_KEY, &[]);
+            r.assert_gateway_error(503, "circuit_open");
+            assert!(r.header("retry-after").is_some());
+        }
+    }
+    assert_eq!(
+        received(&mock),
+        before,
+        "the upstream sees nothing while open"
+    );
+}
+
+#[test]
+fn losing_redis_denies_without_touching_the_upstream_and_recovers() {
+    let mock = Mock::start();
+    let mut redis = Redis::start();
+    let port = redis.port;
+    let gw = Gateway::start(&config(&mock, &redis, ""));
+    assert_eq!(chat(&gw, RPM_KEY, &[]).status, 200);
+    let before = received(&mock);
+    redis.stop();
+    for _ in 0..5 {
+        let r = chat(&gw, RPM_KEY, &[]);
+        r.assert_gateway_error(503, "state_unavailable");
+        assert_eq!(r.json()["error"]["retryable"], true);
+    }
+    assert_eq!(received(&mock), before, "nothing went upstream");
+    // Health and metrics keep serving; readiness says why not.
+    assert_eq!(curl(&[&gw.admin_url("/health")]).status, 200);
+    assert!(eventually(5, || {
+        let r = curl(&[&gw.admin_url("/ready")]);
+        r.status == 503 && r.json()["store"]["available"] == false
+    }));
+    assert!(eventually(5, || gw.metric("loopgate_state_available") == 0.0));
+    assert!(gw.metric("loopgate_denials_total{code=\"state_unavailable\"}") >= 5.0);
+
+    // Back on the same port: service resumes without a restart.
+    let _redis = Redis::start_on(port);
+    assert!(
+        eventually(15, || chat(&gw, RPM_KEY, &[]).status == 200),
+        "recovers on its own"
+    );
+    assert_eq!(curl(&[&gw.admin_url("/ready")]).status, 200);
+}
+
+#[test]
+fn with_on_unavailable_local_traffic_continues_within_local_limits() {
+    let mock = Mock::start();
+    let mut redis = Redis::start();
+    let gw = Gateway::start(&config(
+        &mock,
+        &redis,
+        "  on_unavailable: local\n  replicas: 2\n",
+    ));
+    let r = chat(&gw, RPM_KEY, &[]);
+    assert_eq!((r.status, r.header("x-loopgate-degraded")), (200, None));
+    redis.stop();
+    // 10 per minute shared by 2 replicas: 5 here, counted from zero locally.
+    let r: Vec<Resp> = (0..8).map(|_| chat(&gw, RPM_KEY, &[])).collect();
+    assert_eq!(count(&r, 200), 5, "the local share of the limit");
+    for ok in r.iter().filter(|r| r.status == 200) {
+        assert_eq!(ok.header("x-loopgate-degraded"), Some("state"));
+    }
+    for denied in r.iter().filter(|r| r.status != 200) {
+        denied.assert_gateway_error(429, "rate_limited");
+    }
+    assert_eq!(gw.metric("loopgate_state_degraded_total"), 5.0);
+    let ready = curl(&[&gw.admin_url("/ready")]);
+    assert_eq!(ready.status, 200, "degraded but serving");
+    assert_eq!(ready.json()["store"]["degraded"], true);
+}
+
+#[test]
+fn slots_held_by_a_killed_instance_come_back_after_the_lease() {
+    let mock = Mock::start();
+    let redis = Redis::start();
+    let yaml = config(&mock, &redis, "");
+    let a = Gateway::start(&yaml);
+    let b = Gateway::start(&yaml);
+    // A holds all 4 slots with slow requests...
+    let url = a.url("/v1/chat/completions");
+    let auth_a = auth(SLOTS_KEY);
+    let holders: Vec<_> = (0..4)
+        .map(|_| {
+            Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-m", "60", &url, "-H", &auth_a])
+                .args(["-H", "x-mock-latency-ms: 30000", "-d", CHAT])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        eventually(10, || received(&mock) >= 4),
+        "A forwarded all four"
+    );
+    chat(&b, SLOTS_KEY, &[]).assert_gateway_error(429, "too_many_in_flight");
+    // ...and dies without releasing them.
+    let killed = Command::new("kill")
+        .args(["-9", &a.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // The 1.5 s lease runs out (nobody renews it), and B admits again.
+    assert!(
+        eventually(10, || chat(&b, SLOTS_KEY, &[]).status == 200),
+        "the dead instance's slots came back"
+    );
+    for mut h in holders {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+}
