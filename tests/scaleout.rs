@@ -39,11 +39,22 @@ providers:
 routes:
   - models: [gpt-4o-mini]
     targets: [ {{ provider: mock }} ]
+tools:
+  lenient:
+    base_url: "{mock}/echo/lenient"
+    fail_mode: open
+    idempotency: {{ mode: required }}
+  strict:
+    base_url: "{mock}/echo/strict"
+    idempotency: {{ mode: required }}
 agents:
   rpm:
     key_sha256: "{rpm}"
     models: [gpt-4o-mini]
     requests_per_minute: 10
+    tool_access:
+      lenient: {{ methods: [GET, POST], paths: ["/*"] }}
+      strict: {{ methods: [GET, POST], paths: ["/*"] }}
   budget:
     key_sha256: "{budget}"
     models: [gpt-4o-mini]
@@ -289,4 +300,59 @@ fn slots_held_by_a_killed_instance_come_back_after_the_lease() {
         let _ = h.kill();
         let _ = h.wait();
     }
+}
+
+#[test]
+fn fail_mode_open_forwards_tool_calls_the_gateway_cannot_judge_and_says_so() {
+    let mock = Mock::start();
+    let mut redis = Redis::start();
+    let gw = Gateway::start(&config(&mock, &redis, ""));
+    let call = |tool: &str, key: &str| {
+        curl(&[
+            &gw.url(&format!("/tools/{tool}/orders")),
+            "-m",
+            "20",
+            "-H",
+            &auth(RPM_KEY),
+            "-H",
+            &format!("Idempotency-Key: {key}"),
+            "-d",
+            r#"{"item":"book"}"#,
+        ])
+    };
+    let r = call("lenient", "k1");
+    assert_eq!((r.status, r.header("x-loopgate-fail-open")), (200, None));
+    redis.stop();
+    let before = received(&mock);
+    // closed (the default): refused, nothing sent.
+    let r = call("strict", "k2");
+    r.assert_gateway_error(503, "state_unavailable");
+    assert_eq!(r.json()["error"]["upstream_failed"], false);
+    assert_eq!(received(&mock), before);
+    // open: forwarded, and marked with why the gateway could not decide.
+    let r = call("lenient", "k3");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-fail-open"), Some("state_unavailable"));
+    assert_eq!(received(&mock), before + 1);
+    assert_eq!(
+        gw.metric("loopgate_fail_open_total{reason=\"state_unavailable\",tool=\"lenient\"}"),
+        1.0
+    );
+    // A policy denial is never overridden: a path outside the grant.
+    let r = curl(&[
+        &gw.url("/tools/lenient/../strict/x"),
+        "--path-as-is",
+        "-H",
+        &auth(RPM_KEY),
+    ]);
+    r.assert_gateway_error(400, "invalid_path");
+    let r = curl(&[
+        &gw.url("/tools/lenient/orders"),
+        "-X",
+        "DELETE",
+        "-H",
+        &auth(RPM_KEY),
+    ]);
+    assert_eq!(r.status, 405, "{}", r.text());
+    assert_eq!(received(&mock), before + 1);
 }

@@ -37,6 +37,8 @@ pub struct Metrics {
     pub state_available: IntGauge,
     /// Admissions made on local limits while Redis was away.
     pub state_degraded: IntCounter,
+    /// Tool calls forwarded under `fail_mode: open` the gateway could not judge.
+    pub fail_open: IntCounterVec,
 }
 
 /// Latency buckets from 100 us to 5 min: gateway overhead is microseconds,
@@ -146,6 +148,10 @@ impl Metrics {
             state_degraded: reg!(IntCounter::new(
                 "loopgate_state_degraded_total",
                 "Requests admitted on this instance's local limits because Redis was unavailable."
+            )),
+            fail_open: reg!(IntCounterVec::new(
+                counter("loopgate_fail_open_total", "Tool calls forwarded under fail_mode: open although a check could not decide, by tool and reason."),
+                &["tool", "reason"]
             )),
             registry,
         };

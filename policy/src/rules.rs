@@ -74,6 +74,18 @@ pub struct LimitsTaken {
     pub task_budget_used: Option<f64>,
 }
 
+impl LimitsTaken {
+    /// Nothing taken (no limits apply, or none could be).
+    pub fn none() -> LimitsTaken {
+        LimitsTaken {
+            lease: Lease::empty(),
+            settle_keys: Vec::new(),
+            budget_room: None,
+            task_budget_used: None,
+        }
+    }
+}
+
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
 /// Everything admission checks for one agent (global defaults already
@@ -251,12 +263,7 @@ impl AgentRules {
         }
         let (windows, slots) = self.limit_takes(req);
         if windows.is_empty() && slots.is_empty() {
-            return Ok(LimitsTaken {
-                lease: Lease::empty(),
-                settle_keys: Vec::new(),
-                budget_room: None,
-                task_budget_used: None,
-            });
+            return Ok(LimitsTaken::none());
         }
         match store.admit(now, &windows, &slots).await {
             Ok(AdmitOutcome::Taken {

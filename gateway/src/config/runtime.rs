@@ -310,6 +310,8 @@ pub struct Tool {
     /// Same failing answer this many times in a row isolates the tool for the task.
     pub isolate_after: u32,
     pub isolate_for: Duration,
+    /// `fail_mode: open`: forward when the gateway cannot decide.
+    pub fail_open: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -1276,6 +1278,7 @@ fn build_tool(
         retry_after_failure: i.retry_after_failure.unwrap_or(false),
     });
     let expect_json = t.expect_json.unwrap_or(false);
+    let fail_open = t.fail_mode == Some(spec::FailMode::Open);
     let (isolate_after, isolate_ms) = (t.isolate_after, t.isolate_ms);
     let as_provider = spec::ProviderSpec {
         kind: ProviderKind::OpenaiCompatible,
@@ -1323,6 +1326,7 @@ fn build_tool(
         expect_json,
         isolate_after: isolate_after.unwrap_or(3).max(1),
         isolate_for: Duration::from_millis(isolate_ms.unwrap_or(30_000).max(1)),
+        fail_open,
     })
 }
 

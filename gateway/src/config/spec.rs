@@ -215,6 +215,18 @@ pub struct ToolSpec {
     /// Default 30000.
     #[serde(default)]
     pub isolate_ms: Option<u64>,
+    /// When the gateway cannot decide (state store unavailable, guard state
+    /// unreadable): `closed` (default) refuses with 503, `open` forwards,
+    /// marked `x-loopgate-fail-open`. Never overrides a denial or an open breaker.
+    #[serde(default)]
+    pub fail_mode: Option<FailMode>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailMode {
+    Closed,
+    Open,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -278,6 +278,7 @@ pub async fn admit(
             idem: None,
             expect_json: false,
             isolation: None,
+            fail_open: None,
         }),
         body,
         taken,

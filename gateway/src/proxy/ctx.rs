@@ -40,6 +40,9 @@ pub struct Admission {
     pub expect_json: bool,
     /// Tool call in a task: its failure-streak key, threshold and cool-down.
     pub isolation: Option<(String, u32, std::time::Duration)>,
+    /// Forwarded under `fail_mode: open` although the gateway could not
+    /// decide: the deny code it would otherwise have answered with.
+    pub fail_open: Option<DenyCode>,
 }
 
 /// Per-request state, created by `new_ctx` and filled in by the hooks.

@@ -297,6 +297,12 @@ impl Gateway {
                 if taken.lease.degraded {
                     self.metrics.state_degraded.inc();
                 }
+                if let Some(code) = admission.fail_open {
+                    self.metrics
+                        .fail_open
+                        .with_label_values(&[admission.route_name.as_ref(), code.as_str()])
+                        .inc();
+                }
                 ctx.lease = Some(taken.lease);
                 if admission.degraded_from.is_some() {
                     // The watchdog rewrote the model: Pingora's replay holds
@@ -943,6 +949,9 @@ impl ProxyHttp for Gateway {
         if let Some(adm) = ctx.admitted.as_ref() {
             if let Some(code) = adm.would_deny {
                 resp.insert_header(respond::WOULD_DENY_HEADER, code.as_str())?;
+            }
+            if let Some(code) = adm.fail_open {
+                resp.insert_header(respond::FAIL_OPEN_HEADER, code.as_str())?;
             }
             if let Some(g) = adm.guard {
                 resp.insert_header(respond::GUARD_HEADER, g)?;

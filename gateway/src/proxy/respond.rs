@@ -14,6 +14,8 @@ pub const PROVIDER_HEADER: &str = "x-loopgate-provider";
 pub const FALLBACK_HEADER: &str = "x-loopgate-fallback";
 pub const GUARD_HEADER: &str = "x-loopgate-guard";
 pub const DEGRADED_HEADER: &str = "x-loopgate-degraded";
+/// Forwarded under `fail_mode: open`: why the gateway could not decide.
+pub const FAIL_OPEN_HEADER: &str = "x-loopgate-fail-open";
 
 /// Writes `e` as Loopgate's JSON error. Returns the status written, or 0 when
 /// nothing could be written (a response had already started, or the client

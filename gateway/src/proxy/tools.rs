@@ -149,6 +149,10 @@ pub async fn admit_tool(
     // Idempotency: hash the body, claim the key, or answer from the record.
     let mut body = bytes::Bytes::new();
     let mut idem = None;
+    let mut unsure = Unsure {
+        fail_open: tool.fail_open,
+        code: None,
+    };
     let mut body_read_sha: Option<[u8; 32]> = None;
     if let (Some(policy), true) = (&tool.idempotency, side_effecting) {
         match idem_key {
@@ -186,8 +190,17 @@ pub async fn admit_tool(
                         policy.retry_after_failure,
                     )
                     .await
-                    .map_err(|e| Deny::new(DenyCode::StateUnavailable, e.to_string()))?;
+                    .map_err(|e| Deny::new(DenyCode::StateUnavailable, e.to_string()));
+                let begin = match begin {
+                    Ok(b) => Some(b),
+                    Err(d) => {
+                        unsure.note(d)?;
+                        None // forwarded unprotected: fail_mode open says so
+                    }
+                };
                 match begin {
+                    None => {}
+                    Some(begin) => match begin {
                     IdemBegin::Fresh => idem = Some((record_key, policy.max_record_bytes)),
                     IdemBegin::InFlight => {
                         return Err(Deny::new(
@@ -219,6 +232,7 @@ pub async fn admit_tool(
                         )
                         .into())
                     }
+                    },
                 }
             }
         }
@@ -241,9 +255,10 @@ pub async fn admit_tool(
             });
             let key = format!("{}/{task}", rules.name);
             let what = format!("tool:{tool_name}");
-            let deny =
-                super::guards::check_loop_value(state, rules, agent_guards, loops, &key, &what, &call)?;
-            verdict.judge_external(rules, deny)?;
+            match super::guards::check_loop_value(state, rules, agent_guards, loops, &key, &what, &call) {
+                Ok(deny) => verdict.judge_external(rules, deny)?,
+                Err(e) => unsure.note_error(e)?,
+            }
         }
 
         // The task watchdog counts tool calls too. Red stops the task;
@@ -251,7 +266,9 @@ pub async fn admit_tool(
         let mut guard = None;
         if let (Some(wd), Some(task)) = (&agent_guards.watchdog, task) {
             let key = format!("{}/{task}", rules.name);
-            match super::guards::watch(state, rules, wd, &key)? {
+            match super::guards::watch(state, rules, wd, &key)
+                .or_else(|e| unsure.note_error(e).map(|()| super::guards::Watch::Green))?
+            {
                 super::guards::Watch::Green => {}
                 super::guards::Watch::Warn | super::guards::Watch::Degrade(_) => {
                     guard = Some("warn")
@@ -270,12 +287,16 @@ pub async fn admit_tool(
             )
         });
         if let Some((key, _, _)) = &isolation {
-            let isolated = state.streaks.isolated(key, state.clock.now()).map_err(|_| {
-                Deny::new(
-                    DenyCode::PolicyUnavailable,
-                    "tool isolation state unavailable",
-                )
-            })?;
+            let isolated = match state.streaks.isolated(key, state.clock.now()) {
+                Ok(i) => i,
+                Err(_) => {
+                    unsure.note(Deny::new(
+                        DenyCode::PolicyUnavailable,
+                        "tool isolation state unavailable",
+                    ))?;
+                    None
+                }
+            };
             if let Some(after) = isolated {
                 let deny = Deny::new(
                     DenyCode::ToolIsolated,
@@ -301,7 +322,14 @@ pub async fn admit_tool(
                 },
                 &mut verdict,
             )
-            .await?;
+            .await;
+        let taken = match taken {
+            Ok(t) => t,
+            Err(d) => {
+                unsure.note(d)?;
+                loopgate_policy::LimitsTaken::none()
+            }
+        };
         Ok::<_, GatewayError>((guard, isolation, taken))
     }
     .await;
@@ -333,10 +361,41 @@ pub async fn admit_tool(
             idem,
             expect_json: tool.expect_json,
             isolation,
+            fail_open: unsure.code,
         }),
         body,
         taken,
     ))
+}
+
+/// `fail_mode` at work: a check that could not decide (its state was
+/// unavailable) refuses under `closed`; under `open` it is noted and the
+/// call goes on. Denials and open breakers never come here.
+struct Unsure {
+    fail_open: bool,
+    code: Option<DenyCode>,
+}
+
+impl Unsure {
+    fn note(&mut self, deny: Deny) -> Result<(), Deny> {
+        let undecided = matches!(
+            deny.code,
+            DenyCode::StateUnavailable | DenyCode::PolicyUnavailable
+        );
+        if !(self.fail_open && undecided) {
+            return Err(deny);
+        }
+        log::warn!("fail_mode open: forwarding although {}", deny.message);
+        self.code.get_or_insert(deny.code);
+        Ok(())
+    }
+
+    fn note_error(&mut self, e: GatewayError) -> Result<(), GatewayError> {
+        match e {
+            GatewayError::Denied(d) => self.note(d).map_err(GatewayError::Denied),
+            other => Err(other),
+        }
+    }
 }
 
 fn clip(s: &str) -> &str {
