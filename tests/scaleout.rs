@@ -59,6 +59,7 @@ agents:
     key_sha256: "{budget}"
     models: [gpt-4o-mini]
     budgets: {{ daily_tokens: 1000 }}
+    loop_guard: {{ window: 10, repeats: 3, cooldown_ms: 30000 }}
   slots:
     key_sha256: "{slots}"
     models: [gpt-4o-mini]
@@ -355,4 +356,25 @@ fn fail_mode_open_forwards_tool_calls_the_gateway_cannot_judge_and_says_so() {
     ]);
     assert_eq!(r.status, 405, "{}", r.text());
     assert_eq!(received(&mock), before + 1);
+}
+
+#[test]
+fn a_task_looping_across_instances_is_caught() {
+    let mock = Mock::start();
+    let redis = Redis::start();
+    let gws = three(&mock, &redis, "");
+    // The same request of one task, each time through another instance:
+    // each instance sees it once, the shared ring sees it three times.
+    let task = ["-H", "x-agent-task-id: task-spread-1"];
+    assert_eq!(chat(&gws[0], BUDGET_KEY, &task).status, 200);
+    assert_eq!(chat(&gws[1], BUDGET_KEY, &task).status, 200);
+    let before = received(&mock);
+    let r = chat(&gws[2], BUDGET_KEY, &task);
+    r.assert_gateway_error(409, "loop_detected");
+    assert_eq!(received(&mock), before, "the looping call was not sent");
+    // The cool-down holds on every instance.
+    chat(&gws[0], BUDGET_KEY, &task).assert_gateway_error(409, "loop_detected");
+    // Another task is not affected.
+    let other = ["-H", "x-agent-task-id: task-spread-2"];
+    assert_eq!(chat(&gws[0], BUDGET_KEY, &other).status, 200);
 }

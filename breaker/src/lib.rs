@@ -17,5 +17,7 @@ pub use circuit::{
     Breaker, BreakerConfig, FailureKind, Outcome, Rejected, Snapshot, State, Ticket, Transition,
 };
 pub use health::Health;
-pub use loops::{fingerprint, FailureStreaks, LoopConfig, LoopGuard, LoopVerdict, Trip};
+pub use loops::{
+    fingerprint, FailureStreaks, Fingerprint, LoopConfig, LoopGuard, LoopVerdict, TaskState, Trip,
+};
 pub use set::BreakerSet;

@@ -151,8 +151,11 @@ pub struct Trip {
     pub cooldown: Duration,
 }
 
-#[derive(Debug, Default)]
-struct TaskState {
+/// One task's loop state: what [`TaskState::step`] reads and writes. It
+/// travels through the state store as bytes ([`TaskState::encode`]), so
+/// every replica judges a task on the same ring.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct TaskState {
     ring: VecDeque<Fingerprint>,
     blocked_until: Option<Duration>,
     trips: u32,
@@ -160,7 +163,92 @@ struct TaskState {
     last_seen: Duration,
 }
 
-/// Every task's loop state, bounded: idle tasks are forgotten.
+impl TaskState {
+    /// Judges the task's next request, fingerprint `fp`, at `now`.
+    pub fn step(&mut self, fp: Fingerprint, cfg: &LoopConfig, now: Duration) -> LoopVerdict {
+        if now.saturating_sub(self.last_seen) >= cfg.idle_ttl {
+            *self = TaskState::default();
+        }
+        self.last_seen = now;
+        if let Some(until) = self.blocked_until {
+            if now < until {
+                return LoopVerdict::CoolingDown {
+                    retry_after: until - now,
+                };
+            }
+            // Cool-down over: this is the trial request.
+            self.blocked_until = None;
+            self.ring.clear();
+        }
+        if let Some(block_len) = detect(&self.ring, &fp, cfg.window, cfg.repeats) {
+            self.trips += 1;
+            self.clean = 0;
+            let factor = 1u32.checked_shl(self.trips - 1).unwrap_or(u32::MAX);
+            let cooldown = cfg
+                .cooldown
+                .checked_mul(factor)
+                .unwrap_or(cfg.max_cooldown)
+                .min(cfg.max_cooldown);
+            self.blocked_until = Some(now + cooldown);
+            let mut trail: Vec<String> = self.ring.iter().map(hex8).collect();
+            trail.push(hex8(&fp));
+            return LoopVerdict::Tripped(Trip {
+                block_len,
+                trail,
+                trips: self.trips,
+                cooldown,
+            });
+        }
+        while self.ring.len() >= cfg.window.max(1) {
+            self.ring.pop_front();
+        }
+        self.ring.push_back(fp);
+        self.clean += 1;
+        if self.clean >= cfg.clear_after {
+            self.trips = 0;
+        }
+        LoopVerdict::Allow
+    }
+
+    /// Fixed little-endian layout: trips, clean (u32), blocked-until
+    /// (u64 ns + 1, 0 for none), last-seen (u64 ns), then the ring.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24 + 32 * self.ring.len());
+        out.extend_from_slice(&self.trips.to_le_bytes());
+        out.extend_from_slice(&self.clean.to_le_bytes());
+        let blocked = self.blocked_until.map_or(0, |d| d.as_nanos() as u64 + 1);
+        out.extend_from_slice(&blocked.to_le_bytes());
+        out.extend_from_slice(&(self.last_seen.as_nanos() as u64).to_le_bytes());
+        for fp in &self.ring {
+            out.extend_from_slice(fp);
+        }
+        out
+    }
+
+    /// `None` for bytes that are not an encoded state.
+    pub fn decode(b: &[u8]) -> Option<TaskState> {
+        if b.len() < 24 || (b.len() - 24) % 32 != 0 {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let blocked = u64_at(8);
+        Some(TaskState {
+            trips: u32_at(0),
+            clean: u32_at(4),
+            blocked_until: (blocked > 0).then(|| Duration::from_nanos(blocked - 1)),
+            last_seen: Duration::from_nanos(u64_at(16)),
+            ring: b[24..]
+                .chunks_exact(32)
+                .map(|c| c.try_into().expect("32 bytes"))
+                .collect(),
+        })
+    }
+}
+
+/// Every task's loop state in this process, bounded: idle tasks are
+/// forgotten. (The gateway keeps task state in its state store; this is the
+/// same logic over a local map.)
 #[derive(Debug, Default)]
 pub struct LoopGuard {
     tasks: Mutex<HashMap<String, TaskState>>,
@@ -196,49 +284,7 @@ impl LoopGuard {
                 }
             }
         }
-        let t = tasks.entry(key.to_string()).or_default();
-        if now.saturating_sub(t.last_seen) >= cfg.idle_ttl {
-            *t = TaskState::default();
-        }
-        t.last_seen = now;
-        if let Some(until) = t.blocked_until {
-            if now < until {
-                return Ok(LoopVerdict::CoolingDown {
-                    retry_after: until - now,
-                });
-            }
-            // Cool-down over: this is the trial request.
-            t.blocked_until = None;
-            t.ring.clear();
-        }
-        if let Some(block_len) = detect(&t.ring, &fp, cfg.window, cfg.repeats) {
-            t.trips += 1;
-            t.clean = 0;
-            let factor = 1u32.checked_shl(t.trips - 1).unwrap_or(u32::MAX);
-            let cooldown = cfg
-                .cooldown
-                .checked_mul(factor)
-                .unwrap_or(cfg.max_cooldown)
-                .min(cfg.max_cooldown);
-            t.blocked_until = Some(now + cooldown);
-            let mut trail: Vec<String> = t.ring.iter().map(hex8).collect();
-            trail.push(hex8(&fp));
-            return Ok(LoopVerdict::Tripped(Trip {
-                block_len,
-                trail,
-                trips: t.trips,
-                cooldown,
-            }));
-        }
-        if t.ring.len() == cfg.window {
-            t.ring.pop_front();
-        }
-        t.ring.push_back(fp);
-        t.clean += 1;
-        if t.clean >= cfg.clear_after {
-            t.trips = 0;
-        }
-        Ok(LoopVerdict::Allow)
+        Ok(tasks.entry(key.to_string()).or_default().step(fp, cfg, now))
     }
 }
 
@@ -388,6 +434,28 @@ mod tests {
             panic!()
         };
         assert_eq!((trip.trips, trip.cooldown), (1, 30 * S));
+    }
+
+    #[test]
+    fn task_state_survives_encoding() {
+        let cfg = LoopConfig::default();
+        let mut t = TaskState::default();
+        for (i, fp) in [[1u8; 32], [2; 32], [1; 32], [2; 32]]
+            .into_iter()
+            .enumerate()
+        {
+            t.step(fp, &cfg, S * i as u32);
+        }
+        let mut back = TaskState::decode(&t.encode()).unwrap();
+        assert_eq!(back, t);
+        // The decoded state judges the same: the next [1],[2] completes the loop.
+        back.step([1; 32], &cfg, 10 * S);
+        assert!(matches!(
+            back.step([2; 32], &cfg, 11 * S),
+            LoopVerdict::Tripped(_)
+        ));
+        assert_eq!(TaskState::decode(b"short"), None);
+        assert_eq!(TaskState::decode(&[0u8; 25]), None);
     }
 
     #[test]

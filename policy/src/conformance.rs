@@ -51,6 +51,47 @@ pub async fn run_all(store: Arc<dyn StateStore>, prefix: &str, t0: Duration) {
     settle_replaces_the_estimate(&*store, &format!("{prefix}w5:"), t0).await;
     idempotency_records(&*store, &format!("{prefix}i1:"), t0).await;
     concurrent_admissions_never_exceed(store.clone(), &format!("{prefix}c1:"), t0).await;
+    records_swap_only_from_the_version_read(&*store, &format!("{prefix}r1:"), t0).await;
+}
+
+/// Versioned records: a swap from a stale version fails, expiry forgets.
+pub async fn records_swap_only_from_the_version_read(
+    store: &dyn StateStore,
+    p: &str,
+    t0: Duration,
+) {
+    let key = format!("{p}task");
+    let ttl = Duration::from_secs(60);
+    assert_eq!(store.record_get(t0, &key).await.unwrap(), None);
+    assert!(store
+        .record_swap(t0, &key, None, b"one".to_vec(), ttl)
+        .await
+        .unwrap());
+    // A second creator lost the race.
+    assert!(!store
+        .record_swap(t0, &key, None, b"two".to_vec(), ttl)
+        .await
+        .unwrap());
+    let (v, value) = store.record_get(t0, &key).await.unwrap().unwrap();
+    assert_eq!(value, b"one");
+    assert!(store
+        .record_swap(t0, &key, Some(v), b"\x00\xff".to_vec(), ttl)
+        .await
+        .unwrap());
+    // The old version is stale now.
+    assert!(!store
+        .record_swap(t0, &key, Some(v), b"x".to_vec(), ttl)
+        .await
+        .unwrap());
+    let (v2, value) = store.record_get(t0, &key).await.unwrap().unwrap();
+    assert_ne!(v2, v);
+    assert_eq!(value, b"\x00\xff");
+    // Gone after its TTL, and creatable again.
+    assert_eq!(store.record_get(t0 + ttl, &key).await.unwrap(), None);
+    assert!(store
+        .record_swap(t0 + ttl, &key, None, b"new".to_vec(), ttl)
+        .await
+        .unwrap());
 }
 
 /// N fit in a window, the N+1st is refused with the exact wait, and fits

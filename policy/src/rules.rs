@@ -641,6 +641,23 @@ mod tests {
         async fn release(&self, _: &Lease) -> Result<(), crate::StoreError> {
             Err(crate::StoreError("connection refused".into()))
         }
+        async fn record_get(
+            &self,
+            _: Duration,
+            _: &str,
+        ) -> Result<Option<(u64, Vec<u8>)>, crate::StoreError> {
+            Err(crate::StoreError("connection refused".into()))
+        }
+        async fn record_swap(
+            &self,
+            _: Duration,
+            _: &str,
+            _: Option<u64>,
+            _: Vec<u8>,
+            _: Duration,
+        ) -> Result<bool, crate::StoreError> {
+            Err(crate::StoreError("connection refused".into()))
+        }
         async fn idem_begin(
             &self,
             _: Duration,

@@ -198,6 +198,27 @@ pub trait StateStore: Send + Sync + fmt::Debug {
 
     /// Returns the lease's concurrency slots. Call once per lease.
     async fn release(&self, lease: &Lease) -> Result<(), StoreError>;
+
+    /// A small versioned record (a task's loop ring): its version and bytes.
+    /// Read-modify-write goes through [`StateStore::record_swap`], so the
+    /// logic that changes a record lives in Rust, once, for every store.
+    async fn record_get(
+        &self,
+        now: Duration,
+        key: &str,
+    ) -> Result<Option<(u64, Vec<u8>)>, StoreError>;
+
+    /// Replaces the record if its version is still `version` (`None`: if it
+    /// does not exist), keeping it for `ttl`. `false`: someone else changed
+    /// it first; read again and retry.
+    async fn record_swap(
+        &self,
+        now: Duration,
+        key: &str,
+        version: Option<u64>,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<bool, StoreError>;
 }
 
 /// One sliding window: admitted costs, oldest first.
@@ -272,12 +293,21 @@ struct IdemEntry {
     expires: Duration,
 }
 
+#[derive(Debug)]
+struct Record {
+    version: u64,
+    value: Vec<u8>,
+    expires: Duration,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     windows: HashMap<String, (WindowLog, Duration)>,
     slots: HashMap<String, u64>,
     admissions: u64,
     idem: HashMap<String, IdemEntry>,
+    records: HashMap<String, Record>,
+    record_writes: u64,
 }
 
 const SWEEP_EVERY: u64 = 1024;
@@ -443,6 +473,52 @@ impl StateStore for MemoryStore {
             }
         }
         Ok(())
+    }
+
+    async fn record_get(
+        &self,
+        now: Duration,
+        key: &str,
+    ) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        let inner = self.lock()?;
+        Ok(inner
+            .records
+            .get(key)
+            .filter(|r| r.expires > now)
+            .map(|r| (r.version, r.value.clone())))
+    }
+
+    async fn record_swap(
+        &self,
+        now: Duration,
+        key: &str,
+        version: Option<u64>,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        let current = inner
+            .records
+            .get(key)
+            .filter(|r| r.expires > now)
+            .map(|r| r.version);
+        if current != version {
+            return Ok(false);
+        }
+        inner.records.insert(
+            key.to_string(),
+            Record {
+                version: version.map_or(1, |v| v + 1),
+                value,
+                expires: now + ttl,
+            },
+        );
+        // Bounded: expired records are swept now and then.
+        inner.record_writes += 1;
+        if inner.record_writes.is_multiple_of(SWEEP_EVERY) {
+            inner.records.retain(|_, r| r.expires > now);
+        }
+        Ok(true)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

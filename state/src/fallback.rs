@@ -145,6 +145,41 @@ impl StateStore for FallbackStore {
         }
     }
 
+    async fn record_get(
+        &self,
+        now: Duration,
+        key: &str,
+    ) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        match self.primary.record_get(now, key).await {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.note(&e);
+                self.local.record_get(now, key).await
+            }
+        }
+    }
+
+    async fn record_swap(
+        &self,
+        now: Duration,
+        key: &str,
+        version: Option<u64>,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        // The version came from wherever record_get answered; a swap that
+        // cannot reach Redis goes local too (a version mismatch there is
+        // a lost race: the caller reads again).
+        match self
+            .primary
+            .record_swap(now, key, version, value.clone(), ttl)
+            .await
+        {
+            Ok(r) => Ok(r),
+            Err(_) => self.local.record_swap(now, key, version, value, ttl).await,
+        }
+    }
+
     async fn idem_finish(
         &self,
         now: Duration,

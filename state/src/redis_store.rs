@@ -8,6 +8,7 @@
 //!   lease is not renewed (its instance died) is dropped by the next
 //!   admission after the expiry; live leases are renewed in the background;
 //! - `i:{key}` hash: an idempotency record, with the record's TTL;
+//! - `r:{key}` hash: a versioned record (a task's loop ring), with its TTL;
 //! - `lease`: the lease id counter (one integer).
 //!
 //! Time is the caller's `now` (epoch-anchored [`SystemClock`]), so the
@@ -60,6 +61,7 @@ struct Scripts {
     settle: Script,
     idem_begin: Script,
     idem_finish: Script,
+    record_swap: Script,
 }
 
 impl Scripts {
@@ -69,6 +71,7 @@ impl Scripts {
             settle: Script::new(include_str!("lua/settle.lua")),
             idem_begin: Script::new(include_str!("lua/idem_begin.lua")),
             idem_finish: Script::new(include_str!("lua/idem_finish.lua")),
+            record_swap: Script::new(include_str!("lua/record_swap.lua")),
         }
     }
 }
@@ -289,7 +292,13 @@ async fn connect(
     // Load the scripts once per connection (a restarted Redis forgot them);
     // calls go by SHA and reload on NOSCRIPT anyway.
     let s = &inner.scripts;
-    for script in [&s.admit, &s.settle, &s.idem_begin, &s.idem_finish] {
+    for script in [
+        &s.admit,
+        &s.settle,
+        &s.idem_begin,
+        &s.idem_finish,
+        &s.record_swap,
+    ] {
         script.prepare_invoke().load_async(&mut c).await?;
     }
     Ok(c)
@@ -474,6 +483,65 @@ impl StateStore for RedisStore {
             pipe.query_async::<()>(&mut c).await
         })
         .await
+    }
+
+    async fn record_get(
+        &self,
+        now: Duration,
+        key: &str,
+    ) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        let key = self.key("r", key);
+        let reply: Vec<Value> = self
+            .call("record", |mut c| async move {
+                redis::cmd("HMGET")
+                    .arg(key)
+                    .arg("v")
+                    .arg("d")
+                    .arg("exp")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        match reply.as_slice() {
+            [Value::Nil, ..] => Ok(None),
+            [v, d, exp] => {
+                let num = |v: &Value| -> Result<u64, StoreError> {
+                    text(v)?
+                        .parse()
+                        .map_err(|_| StoreError("bad record in redis".into()))
+                };
+                if num(exp)? <= ms(now) {
+                    return Ok(None);
+                }
+                Ok(Some((num(v)?, bytes(d)?)))
+            }
+            other => Err(StoreError(format!(
+                "unexpected record reply from redis: {other:?}"
+            ))),
+        }
+    }
+
+    async fn record_swap(
+        &self,
+        now: Duration,
+        key: &str,
+        version: Option<u64>,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut inv = self.inner.scripts.record_swap.prepare_invoke();
+        inv.key(self.key("r", key))
+            .arg(ms(now))
+            .arg(version.map(|v| v.to_string()).unwrap_or_default())
+            .arg(value)
+            .arg(ms(ttl).max(1));
+        let swapped: i64 = self
+            .call(
+                "record",
+                |mut c| async move { inv.invoke_async(&mut c).await },
+            )
+            .await?;
+        Ok(swapped == 1)
     }
 
     async fn idem_begin(

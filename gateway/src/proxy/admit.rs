@@ -9,7 +9,6 @@ use crate::config::Config;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use bytes::{Bytes, BytesMut};
-use loopgate_breaker::LoopGuard;
 use loopgate_policy::{
     inspect_body, replace_model, Clock, Deny, DenyCode, Endpoint, LimitRequest, LimitsTaken,
     StateStore, Verdict, Watchdog,
@@ -224,7 +223,8 @@ pub async fn admit(
     let task_key = task.map(|t| format!("{}/{t}", rules.name));
     let agent_guards = &cfg.guards[agent_idx];
     if let (Some(loops), Some(key)) = (&agent_guards.loops, &task_key) {
-        let deny = guards::check_loop(state, rules, agent_guards, loops, key, endpoint, &body)?;
+        let deny =
+            guards::check_loop(state, rules, agent_guards, loops, key, endpoint, &body).await?;
         verdict.judge_external(rules, deny)?;
     }
     let mut guard = None;
@@ -295,7 +295,6 @@ pub fn task_id(session: &Session) -> Option<&str> {
 pub struct AdmitState<'a> {
     pub store: &'a dyn StateStore,
     pub clock: &'a dyn Clock,
-    pub loops: &'a LoopGuard,
     pub streaks: &'a loopgate_breaker::FailureStreaks,
     pub watchdog: &'a Watchdog,
     pub metrics: &'a Metrics,

@@ -7,13 +7,13 @@ use super::admit::AdmitState;
 use crate::access_log::rfc3339_millis;
 use crate::config::runtime::Guards;
 use crate::error::GatewayError;
-use loopgate_breaker::{fingerprint, LoopConfig, LoopVerdict, Trip};
+use loopgate_breaker::{fingerprint, LoopConfig, LoopVerdict, TaskState, Trip};
 use loopgate_policy::{AgentRules, Deny, DenyCode, Endpoint, Level, RedAction, WatchdogConfig};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Judges the task's next request for loops. `Ok(Some(deny))` for a loop;
 /// `Err` when the state cannot be read (fail closed).
-pub fn check_loop(
+pub async fn check_loop(
     state: &AdmitState<'_>,
     rules: &AgentRules,
     guards: &Guards,
@@ -24,14 +24,14 @@ pub fn check_loop(
 ) -> Result<Option<Deny>, GatewayError> {
     let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| GatewayError::Internal(format!("body no longer parses: {e}")))?;
-    check_loop_value(state, rules, guards, cfg, task_key, endpoint.path(), &value)
+    check_loop_value(state, rules, guards, cfg, task_key, endpoint.path(), &value).await
 }
 
 /// As [`check_loop`], for a call already reduced to its meaningful parts
 /// (`what` names the endpoint or tool). Tool calls use it with their method,
 /// normalised path, query and body digest, so model and tool calls of one
 /// task share one ring.
-pub fn check_loop_value(
+pub async fn check_loop_value(
     state: &AdmitState<'_>,
     rules: &AgentRules,
     guards: &Guards,
@@ -41,15 +41,7 @@ pub fn check_loop_value(
     value: &serde_json::Value,
 ) -> Result<Option<Deny>, GatewayError> {
     let fp = fingerprint(what, value, cfg);
-    let verdict = state
-        .loops
-        .check(task_key, fp, cfg, state.clock.now())
-        .map_err(|_| {
-            GatewayError::Denied(Deny::new(
-                DenyCode::PolicyUnavailable,
-                "loop state unavailable",
-            ))
-        })?;
+    let verdict = loop_step(state, task_key, fp, cfg).await?;
     Ok(match verdict {
         LoopVerdict::Allow => None,
         LoopVerdict::CoolingDown { retry_after } => Some(
@@ -92,6 +84,48 @@ pub fn check_loop_value(
             )
         }
     })
+}
+
+/// Runs the task's loop state one step in the state store: read, judge
+/// (the pure [`TaskState::step`]), write back if nobody else wrote since
+/// (a request of the same task on another replica); else read again.
+async fn loop_step(
+    state: &AdmitState<'_>,
+    task_key: &str,
+    fp: loopgate_breaker::Fingerprint,
+    cfg: &LoopConfig,
+) -> Result<LoopVerdict, GatewayError> {
+    let unavailable = |e: loopgate_policy::StoreError| {
+        GatewayError::Denied(Deny::new(
+            DenyCode::StateUnavailable,
+            format!("loop state unavailable: {}", e.0),
+        ))
+    };
+    let key = format!("loop:{task_key}");
+    // Kept while the task may come back, and at least through a cool-down.
+    let ttl = cfg.idle_ttl.max(cfg.max_cooldown);
+    for _ in 0..8 {
+        let now = state.clock.now();
+        let (version, mut task) = match state.store.record_get(now, &key).await {
+            Ok(Some((v, bytes))) => (Some(v), TaskState::decode(&bytes).unwrap_or_default()),
+            Ok(None) => (None, TaskState::default()),
+            Err(e) => return Err(unavailable(e)),
+        };
+        let verdict = task.step(fp, cfg, now);
+        match state
+            .store
+            .record_swap(now, &key, version, task.encode(), ttl)
+            .await
+        {
+            Ok(true) => return Ok(verdict),
+            Ok(false) => continue, // another request of the task got there first
+            Err(e) => return Err(unavailable(e)),
+        }
+    }
+    Err(GatewayError::Denied(Deny::new(
+        DenyCode::PolicyUnavailable,
+        "loop state kept changing under this request",
+    )))
 }
 
 /// Writes the trip's evidence as JSON, off the proxy thread (trips are rare).

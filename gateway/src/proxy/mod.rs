@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use ctx::Attempt;
 use ids::RequestIds;
-use loopgate_breaker::{BreakerSet, FailureKind, FailureStreaks, LoopGuard, Outcome, State};
+use loopgate_breaker::{BreakerSet, FailureKind, FailureStreaks, Outcome, State};
 use loopgate_policy::{
     replace_model, Clock, DenyCode, IdemOutcome, IdemRecord, StateStore, UsageScanner, Watchdog,
 };
@@ -69,7 +69,6 @@ pub struct Gateway {
     breakers: Arc<BreakerSet>,
     access_log: Arc<AccessLog>,
     /// Per-task guard state; like the store, it outlives reloads.
-    loops: LoopGuard,
     watchdog: Watchdog,
     streaks: FailureStreaks,
 }
@@ -91,7 +90,6 @@ impl Gateway {
             metrics,
             breakers,
             access_log,
-            loops: LoopGuard::new(),
             watchdog: Watchdog::new(),
             streaks: FailureStreaks::new(),
         }
@@ -240,7 +238,6 @@ impl Gateway {
         let state = admit::AdmitState {
             store: self.store.as_ref(),
             clock: self.clock.as_ref(),
-            loops: &self.loops,
             streaks: &self.streaks,
             watchdog: &self.watchdog,
             metrics: &self.metrics,

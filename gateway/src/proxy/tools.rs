@@ -255,7 +255,7 @@ pub async fn admit_tool(
             });
             let key = format!("{}/{task}", rules.name);
             let what = format!("tool:{tool_name}");
-            match super::guards::check_loop_value(state, rules, agent_guards, loops, &key, &what, &call) {
+            match super::guards::check_loop_value(state, rules, agent_guards, loops, &key, &what, &call).await {
                 Ok(deny) => verdict.judge_external(rules, deny)?,
                 Err(e) => unsure.note_error(e)?,
             }
