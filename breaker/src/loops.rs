@@ -227,7 +227,7 @@ impl TaskState {
 
     /// `None` for bytes that are not an encoded state.
     pub fn decode(b: &[u8]) -> Option<TaskState> {
-        if b.len() < 24 || (b.len() - 24) % 32 != 0 {
+        if b.len() < 24 || !(b.len() - 24).is_multiple_of(32) {
             return None;
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
