@@ -235,6 +235,32 @@ pub async fn settle_replaces_the_estimate(store: &dyn StateStore, p: &str, t0: D
         panic!("settle: the refund did not free room: {out:?}");
     };
     assert_eq!(remaining, vec![0], "settle: 100 + 900 of 1000");
+    // finish: settle and release in one call.
+    let fkey = format!("{p}fin");
+    let slot_key = format!("{p}fin-slot");
+    let AdmitOutcome::Taken { lease, .. } = store
+        .admit(
+            t0,
+            &[window(fkey.clone(), 1000, 700)],
+            &[slot(slot_key.clone(), 1)],
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("finish: refused");
+    };
+    store
+        .finish(t0, &lease, &[(fkey.as_str(), 50)])
+        .await
+        .unwrap();
+    let out = store
+        .admit(t0, &[window(fkey.clone(), 1000, 950)], &[slot(slot_key, 1)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(out, AdmitOutcome::Taken { .. }),
+        "finish settled 700 -> 50 and freed the slot: {out:?}"
+    );
     // A key the lease never took is left alone.
     store
         .settle(t0, &lease, &format!("{p}other"), 5)

@@ -199,6 +199,24 @@ pub trait StateStore: Send + Sync + fmt::Debug {
     /// Returns the lease's concurrency slots. Call once per lease.
     async fn release(&self, lease: &Lease) -> Result<(), StoreError>;
 
+    /// Ends an admission: settles each `(window key, actual cost)` and
+    /// releases the slots. A networked store does it in one round trip.
+    async fn finish(
+        &self,
+        now: Duration,
+        lease: &Lease,
+        settle: &[(&str, u64)],
+    ) -> Result<(), StoreError> {
+        let mut result = Ok(());
+        for (key, actual) in settle {
+            if let Err(e) = self.settle(now, lease, key, *actual).await {
+                result = Err(e);
+            }
+        }
+        // The slots go back even when a settle failed.
+        self.release(lease).await.and(result)
+    }
+
     /// A small versioned record (a task's loop ring): its version and bytes.
     /// Read-modify-write goes through [`StateStore::record_swap`], so the
     /// logic that changes a record lives in Rust, once, for every store.

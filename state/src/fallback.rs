@@ -114,6 +114,19 @@ impl StateStore for FallbackStore {
         }
     }
 
+    async fn finish(
+        &self,
+        now: Duration,
+        lease: &Lease,
+        settle: &[(&str, u64)],
+    ) -> Result<(), StoreError> {
+        if lease.degraded {
+            self.local.finish(now, lease, settle).await
+        } else {
+            self.primary.finish(now, lease, settle).await
+        }
+    }
+
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         if lease.degraded {
             self.local.release(lease).await

@@ -62,6 +62,7 @@ struct Scripts {
     idem_begin: Script,
     idem_finish: Script,
     record_swap: Script,
+    finish: Script,
 }
 
 impl Scripts {
@@ -72,6 +73,7 @@ impl Scripts {
             idem_begin: Script::new(include_str!("lua/idem_begin.lua")),
             idem_finish: Script::new(include_str!("lua/idem_finish.lua")),
             record_swap: Script::new(include_str!("lua/record_swap.lua")),
+            finish: Script::new(include_str!("lua/finish.lua")),
         }
     }
 }
@@ -298,6 +300,7 @@ async fn connect(
         &s.idem_begin,
         &s.idem_finish,
         &s.record_swap,
+        &s.finish,
     ] {
         script.prepare_invoke().load_async(&mut c).await?;
     }
@@ -459,6 +462,40 @@ impl StateStore for RedisStore {
         let mut inv = self.inner.scripts.settle.prepare_invoke();
         inv.key(self.key("wc", key)).arg(lease.id).arg(actual);
         self.call("settle", |mut c| async move {
+            inv.invoke_async::<i64>(&mut c).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn finish(
+        &self,
+        _now: Duration,
+        lease: &Lease,
+        settle: &[(&str, u64)],
+    ) -> Result<(), StoreError> {
+        let settle: Vec<&(&str, u64)> = settle
+            .iter()
+            .filter(|(k, _)| lease.holds_window(k))
+            .collect();
+        if settle.is_empty() && lease.slots().is_empty() {
+            return Ok(());
+        }
+        if let Ok(mut held) = self.inner.held.lock() {
+            held.remove(&lease.id);
+        }
+        let mut inv = self.inner.scripts.finish.prepare_invoke();
+        for (k, _) in &settle {
+            inv.key(self.key("wc", k));
+        }
+        for k in lease.slots() {
+            inv.key(self.key("s", k));
+        }
+        inv.arg(lease.id).arg(settle.len());
+        for (_, actual) in &settle {
+            inv.arg(*actual);
+        }
+        self.call("finish", |mut c| async move {
             inv.invoke_async::<i64>(&mut c).await
         })
         .await

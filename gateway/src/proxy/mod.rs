@@ -1140,16 +1140,17 @@ impl ProxyHttp for Gateway {
         }
         // Return what the request held on its limits, exactly once: settle
         // the token estimate with the reported usage, free the slot.
+        // One store call (one round trip on Redis) for both.
         if let Some(lease) = ctx.lease.take() {
-            let now = self.clock.now();
-            if let Some(usage) = ctx.usage {
-                for key in &ctx.settle_keys {
-                    if let Err(err) = self.store.settle(now, &lease, key, usage.total()).await {
-                        log::warn!("request {}: {err}", ctx.request_id);
-                    }
-                }
-            }
-            if let Err(err) = self.store.release(&lease).await {
+            let settle: Vec<(&str, u64)> = match ctx.usage {
+                Some(usage) => ctx
+                    .settle_keys
+                    .iter()
+                    .map(|k| (k.as_str(), usage.total()))
+                    .collect(),
+                None => Vec::new(),
+            };
+            if let Err(err) = self.store.finish(self.clock.now(), &lease, &settle).await {
                 log::warn!("request {}: {err}", ctx.request_id);
             }
         }
