@@ -133,6 +133,16 @@ pub struct Record<'a> {
     pub fallback_used: bool,
     pub fallback_from: Option<&'a str>,
     pub fallback_to: Option<&'a str>,
+    /// MCP requests: server, JSON-RPC method, tool and the SHA-256 of the
+    /// canonical arguments (never the arguments themselves).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_server: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_method: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_tool: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_args_sha256: Option<&'a str>,
 }
 
 /// `2026-12-02T16:06:11.123Z`

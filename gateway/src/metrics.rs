@@ -39,6 +39,8 @@ pub struct Metrics {
     pub state_degraded: IntCounter,
     /// Tool calls forwarded under `fail_mode: open` the gateway could not judge.
     pub fail_open: IntCounterVec,
+    /// MCP requests by server, tool (granted ones; else `other`) and decision.
+    pub mcp_requests: IntCounterVec,
 }
 
 /// Latency buckets from 100 us to 5 min: gateway overhead is microseconds,
@@ -152,6 +154,10 @@ impl Metrics {
             fail_open: reg!(IntCounterVec::new(
                 counter("loopgate_fail_open_total", "Tool calls forwarded under fail_mode: open although a check could not decide, by tool and reason."),
                 &["tool", "reason"]
+            )),
+            mcp_requests: reg!(IntCounterVec::new(
+                counter("loopgate_mcp_requests_total", "MCP requests by server, tool (granted tools; `other` for refused names) and decision."),
+                &["server", "tool", "decision"]
             )),
             registry,
         };

@@ -53,10 +53,12 @@ pub enum DenyCode {
     PolicyUnavailable,
     /// The shared state store (Redis) did not answer in time or at all.
     StateUnavailable,
+    /// An MCP session id presented by an agent other than its owner.
+    SessionNotOwned,
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 31] = [
+    pub const ALL: [DenyCode; 32] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -88,6 +90,7 @@ impl DenyCode {
         DenyCode::ToolIsolated,
         DenyCode::PolicyUnavailable,
         DenyCode::StateUnavailable,
+        DenyCode::SessionNotOwned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -123,6 +126,7 @@ impl DenyCode {
             DenyCode::LengthRequired => "length_required",
             DenyCode::PolicyUnavailable => "policy_unavailable",
             DenyCode::StateUnavailable => "state_unavailable",
+            DenyCode::SessionNotOwned => "session_not_owned",
         }
     }
 
@@ -139,6 +143,7 @@ impl DenyCode {
             DenyCode::PathNotAllowed
             | DenyCode::ModelNotAllowed
             | DenyCode::ToolNotAllowed
+            | DenyCode::SessionNotOwned
             | DenyCode::BlockedPhrase => 403,
             DenyCode::BodyTooLarge => 413,
             DenyCode::MissingHeader
@@ -166,6 +171,7 @@ impl DenyCode {
             DenyCode::PathNotAllowed
             | DenyCode::ModelNotAllowed
             | DenyCode::ToolNotAllowed
+            | DenyCode::SessionNotOwned
             | DenyCode::BlockedPhrase => "permission_error",
             DenyCode::NotFound | DenyCode::UnknownModel => "not_found_error",
             DenyCode::RateLimited | DenyCode::TooManyInFlight => "rate_limit_error",

@@ -33,6 +33,7 @@ pub mod conformance;
 pub mod decision;
 pub mod endpoint;
 pub mod keys;
+pub mod mcp;
 pub mod pattern;
 pub mod phrases;
 pub mod rewrite;

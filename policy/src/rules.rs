@@ -59,6 +59,8 @@ pub struct LimitRequest<'a> {
     pub max_tokens: Option<u64>,
     /// The task id, when the request named one.
     pub task: Option<&'a str>,
+    /// Further windows taken in the same atomic call (an MCP tool's call rate).
+    pub extra: &'a [WindowTake],
 }
 
 /// What an admitted request holds on its limits.
@@ -348,6 +350,7 @@ impl AgentRules {
                 enforce: budget_enforced,
             });
         }
+        windows.extend_from_slice(req.extra);
         let slots = self
             .limits
             .max_in_flight
@@ -391,6 +394,21 @@ impl AgentRules {
                 match (daily, retry_after) {
                     (true, Some(after)) => d.retry_after(*after),
                     _ => d.never_retryable(),
+                }
+            }
+            Refusal::Window { index, retry_after } if windows[*index].key.contains(":mcp:") => {
+                let w = &windows[*index];
+                let tool = w.key.rsplit(':').next().unwrap_or("?");
+                let d = Deny::new(
+                    DenyCode::RateLimited,
+                    format!(
+                        "agent `{}` is over its limit of {} calls per minute to tool `{tool}`",
+                        self.name, w.limit
+                    ),
+                );
+                match retry_after {
+                    Some(after) => d.retry_after(*after),
+                    None => d.never_retryable(),
                 }
             }
             Refusal::Window { index, retry_after } => {
@@ -576,6 +594,7 @@ mod tests {
         };
         r.dry_run.insert(DenyCode::TooManyInFlight);
         let (w, s) = r.limit_takes(&LimitRequest {
+            extra: &[],
             estimated_prompt: 42,
             max_tokens: None,
             task: None,
@@ -680,6 +699,7 @@ mod tests {
 
     fn one() -> LimitRequest<'static> {
         LimitRequest {
+            extra: &[],
             estimated_prompt: 1,
             max_tokens: Some(0),
             task: None,
@@ -698,6 +718,7 @@ mod tests {
         let store = crate::MemoryStore::new();
         let mut v = Verdict::default();
         let req = |prompt, max: Option<u64>| LimitRequest {
+            extra: &[],
             estimated_prompt: prompt,
             max_tokens: max,
             task: Some("t1"),

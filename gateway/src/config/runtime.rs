@@ -41,6 +41,10 @@ pub struct Config {
     pub tools: HashMap<String, Arc<Tool>>,
     /// Per agent (indexed like `agents`): the tools it may call, and how.
     pub tool_access: Vec<HashMap<String, ToolGrant>>,
+    /// MCP servers by name.
+    pub mcp_servers: HashMap<String, Arc<McpServer>>,
+    /// Per agent (indexed like `agents`): the MCP servers it may use.
+    pub mcp_access: Vec<HashMap<String, Arc<McpAccess>>>,
     pub keys: KeyIndex<usize>,
     pub max_body_bytes: u64,
     /// Read at start only: a reload that changes it is logged and ignored.
@@ -195,6 +199,11 @@ impl Config {
         self.providers
             .iter()
             .chain(self.tools.values().map(|t| &t.route.targets[0].provider))
+            .chain(
+                self.mcp_servers
+                    .values()
+                    .map(|m| &m.tool.route.targets[0].provider),
+            )
     }
 
     /// The running config as JSON for the admin API, every secret redacted:
@@ -320,6 +329,25 @@ pub struct Idempotency {
     pub ttl: Duration,
     pub max_record_bytes: usize,
     pub retry_after_failure: bool,
+}
+
+/// An MCP server: an upstream like a tool (credential, timeouts, breaker,
+/// fail mode), plus what the MCP rules need.
+#[derive(Debug)]
+pub struct McpServer {
+    pub tool: Arc<Tool>,
+    /// The endpoint's path on the server (and query), e.g. `/mcp`.
+    pub path: String,
+    pub writes: PatternList,
+    pub noise_fields: Vec<String>,
+}
+
+/// What one agent may use on one MCP server.
+#[derive(Debug)]
+pub struct McpAccess {
+    pub grant: loopgate_policy::mcp::McpGrant,
+    pub calls_per_minute: u64,
+    pub write_calls_per_minute: u64,
 }
 
 /// What an agent may do with one tool.
@@ -575,8 +603,49 @@ pub fn build(
     let spec_tool_names: HashSet<String> = spec.tools.keys().cloned().collect();
     let mut tools: HashMap<String, Arc<Tool>> = HashMap::new();
     for (name, t) in spec.tools {
-        if let Some(tool) = build_tool(&mut errs, &name, t, env) {
+        if let Some(tool) = build_tool(&mut errs, "tools", &name, t, env) {
             tools.insert(name, Arc::new(tool));
+        }
+    }
+    let mut mcp_servers: HashMap<String, Arc<McpServer>> = HashMap::new();
+    for (name, m) in spec.mcp_servers {
+        let at = format!("mcp_servers.{name}");
+        let path = match m.url.split_once("://").map(|(_, rest)| rest) {
+            Some(rest) => match rest.find('/') {
+                Some(i) => rest[i..].to_string(),
+                None => "/".to_string(),
+            },
+            None => "/".to_string(), // build_tool reports the bad URL
+        };
+        let base_url = m
+            .url
+            .strip_suffix(path.as_str())
+            .unwrap_or(&m.url)
+            .to_string();
+        let writes = patterns(&mut errs, &format!("{at}.writes"), &m.writes);
+        let as_tool = spec::ToolSpec {
+            base_url,
+            auth: m.auth,
+            timeouts: m.timeouts,
+            breaker: m.breaker,
+            idempotency: None,
+            // A 2xx that is not JSON (nor an SSE stream) is not JSON-RPC:
+            // it counts against the server's breaker.
+            expect_json: Some(true),
+            isolate_after: None,
+            isolate_ms: None,
+            fail_mode: m.fail_mode,
+        };
+        if let Some(tool) = build_tool(&mut errs, "mcp_servers", &name, as_tool, env) {
+            mcp_servers.insert(
+                name,
+                Arc::new(McpServer {
+                    tool: Arc::new(tool),
+                    path,
+                    writes,
+                    noise_fields: m.noise_fields,
+                }),
+            );
         }
     }
 
@@ -704,6 +773,7 @@ pub fn build(
     let mut agents = Vec::new();
     let mut guards = Vec::new();
     let mut tool_access = Vec::new();
+    let mut mcp_access = Vec::new();
     let mut keys = KeyIndex::default();
     let mut key_owner: HashMap<String, String> = HashMap::new();
     for (name, a) in &spec.agents {
@@ -860,6 +930,47 @@ pub fn build(
             );
         }
         tool_access.push(grants);
+        let mut mcp = HashMap::new();
+        for (server, g) in &a.mcp_access {
+            let gat = format!("{at}.mcp_access.{server}");
+            if !mcp_servers.contains_key(server) {
+                errs.push(
+                    gat.clone(),
+                    format!("no server `{server}` under `mcp_servers:`"),
+                );
+            }
+            let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| match v {
+                Some(0) => {
+                    errs.push(format!("{gat}.{field}"), "must be at least 1");
+                    default
+                }
+                Some(n) => n,
+                None => default,
+            };
+            mcp.insert(
+                server.clone(),
+                Arc::new(McpAccess {
+                    grant: loopgate_policy::mcp::McpGrant {
+                        tools: patterns(&mut errs, &format!("{gat}.tools"), &g.tools),
+                        prompts: patterns(&mut errs, &format!("{gat}.prompts"), &g.prompts),
+                        resources: patterns(&mut errs, &format!("{gat}.resources"), &g.resources),
+                    },
+                    calls_per_minute: positive(
+                        &mut errs,
+                        "calls_per_minute",
+                        g.calls_per_minute,
+                        120,
+                    ),
+                    write_calls_per_minute: positive(
+                        &mut errs,
+                        "write_calls_per_minute",
+                        g.write_calls_per_minute,
+                        20,
+                    ),
+                }),
+            );
+        }
+        mcp_access.push(mcp);
         if let Some(d) = digest {
             keys.insert(d, agents.len());
         }
@@ -903,6 +1014,8 @@ pub fn build(
         guards,
         tools,
         tool_access,
+        mcp_servers,
+        mcp_access,
         keys,
         max_body_bytes,
         state,
@@ -1252,11 +1365,12 @@ fn build_provider(
 
 fn build_tool(
     errs: &mut Errs,
+    section: &str,
     name: &str,
     t: spec::ToolSpec,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Option<Tool> {
-    let at = format!("tools.{name}");
+    let at = format!("{section}.{name}");
     let (bearer, custom) = match &t.auth {
         None => (None, None),
         Some(a) => match (&a.bearer_env, &a.header, &a.value_env) {

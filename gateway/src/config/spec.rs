@@ -25,6 +25,9 @@ pub struct ConfigSpec {
     /// HTTP tool upstreams, served at `/tools/{tool}/{path}`.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolSpec>,
+    /// MCP servers (streamable HTTP), served at `/mcp/{server}`.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerSpec>,
     #[serde(default)]
     pub agents: BTreeMap<String, AgentSpec>,
     #[serde(default)]
@@ -267,6 +270,47 @@ pub struct ToolAuthSpec {
 }
 
 /// What an agent may do with one HTTP tool.
+/// An MCP server over the streamable HTTP transport.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerSpec {
+    /// The server's MCP endpoint, e.g. `http://127.0.0.1:9000/mcp`.
+    pub url: String,
+    #[serde(default)]
+    pub auth: Option<ToolAuthSpec>,
+    #[serde(default)]
+    pub timeouts: TimeoutsSpec,
+    #[serde(default)]
+    pub breaker: BreakerSpec,
+    #[serde(default)]
+    pub fail_mode: Option<FailMode>,
+    /// Tools that change things (exact or `prefix*`): a lower call-rate default.
+    #[serde(default)]
+    pub writes: Vec<String>,
+    /// Argument fields left out of a call's fingerprint (ids, timestamps).
+    #[serde(default)]
+    pub noise_fields: Vec<String>,
+}
+
+/// What an agent may use on one MCP server.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpAccessSpec {
+    /// Tools, exact or `prefix*`.
+    pub tools: Vec<String>,
+    #[serde(default)]
+    pub prompts: Vec<String>,
+    /// Resource URIs, exact or `prefix*`.
+    #[serde(default)]
+    pub resources: Vec<String>,
+    /// Calls per minute to each tool (default 120).
+    #[serde(default)]
+    pub calls_per_minute: Option<u64>,
+    /// Calls per minute to each `writes` tool (default 20).
+    #[serde(default)]
+    pub write_calls_per_minute: Option<u64>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolAccessSpec {
@@ -355,6 +399,9 @@ pub struct AgentSpec {
     /// HTTP tools (from `tools:`) the agent may call, and how. None by default.
     #[serde(default)]
     pub tool_access: BTreeMap<String, ToolAccessSpec>,
+    /// MCP servers this agent may use, and what on each.
+    #[serde(default)]
+    pub mcp_access: BTreeMap<String, McpAccessSpec>,
     // The rest override the same fields of `policy:` for this agent. They
     // are spelled out twice (here and in `PolicySpec`) on purpose: serde's
     // `flatten` does not work with `deny_unknown_fields`, and strictness wins.

@@ -16,6 +16,7 @@
 //! keep-alive, chunked streaming and a bound port that can be 0.
 
 mod faults;
+mod mcp;
 mod responses;
 
 pub use faults::Faults;
@@ -251,6 +252,9 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
     if let Some(raw) = &faults.body {
         return write_raw(session, raw.as_bytes()).await;
     }
+    if path == "/mcp" {
+        return serve_mcp(session, &method, parsed.as_ref()).await;
+    }
     if path.starts_with("/echo") {
         // A generic HTTP tool: echoes what it received.
         let echo = json!({
@@ -285,6 +289,82 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
     } else {
         write_json(session, 200, &exchange.full_response(), &[]).await
     }
+}
+
+async fn serve_mcp(session: &mut ServerSession, method: &str, body: Option<&Value>) -> bool {
+    if method == "DELETE" {
+        return write_json(session, 200, &json!({}), &[]).await;
+    }
+    let Some(body) = body.filter(|_| method == "POST") else {
+        let err = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "POST a JSON-RPC message"}});
+        return write_json(session, 405, &err, &[]).await;
+    };
+    let initialize = body.get("method").and_then(Value::as_str) == Some("initialize");
+    let sid = format!("mock-session-{:016x}", rand_id());
+    let extra: Vec<(&str, &str)> = if initialize {
+        vec![("mcp-session-id", sid.as_str())]
+    } else {
+        Vec::new()
+    };
+    let Some(answer) = mcp::answer_body(body) else {
+        let Ok(resp) = ResponseHeader::build(202, Some(1)) else {
+            return false;
+        };
+        if session.write_response_header(Box::new(resp)).await.is_err() {
+            return false;
+        }
+        return session
+            .write_response_body(Bytes::new(), true)
+            .await
+            .is_ok();
+    };
+    let sse = session
+        .req_header()
+        .headers
+        .get("x-mock-mcp-sse")
+        .is_some_and(|v| v.as_bytes() == b"1");
+    if !sse {
+        return write_json(session, 200, &answer, &extra).await;
+    }
+    let mut resp = match ResponseHeader::build(200, Some(4)) {
+        Ok(r) => r,
+        Err(_) => return false,
+    };
+    let _ = resp.insert_header("content-type", "text/event-stream");
+    let _ = resp.insert_header("transfer-encoding", "chunked");
+    for (k, v) in &extra {
+        let _ = resp.insert_header(k.to_string(), v.to_string());
+    }
+    if session.write_response_header(Box::new(resp)).await.is_err() {
+        return false;
+    }
+    let progress = json!({"jsonrpc": "2.0", "method": "notifications/message",
+        "params": {"level": "info", "data": "working"}});
+    for event in [
+        format!("event: message\ndata: {progress}\n\n"),
+        format!("event: message\nid: 1\ndata: {answer}\n\n"),
+    ] {
+        if session
+            .write_response_body(Bytes::from(event), false)
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+    session
+        .write_response_body(Bytes::new(), true)
+        .await
+        .is_ok()
+}
+
+/// A session id that differs between calls and processes.
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(N.fetch_add(1, Ordering::Relaxed));
+    h.finish()
 }
 
 async fn stream_events(

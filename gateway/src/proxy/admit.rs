@@ -29,6 +29,12 @@ pub enum Admitted {
     ListModels(usize, Verdict),
     /// A repeated idempotency key: the recorded tool response, replayed.
     Replay(loopgate_policy::IdemRecord),
+    /// An MCP message the gateway answers itself: a JSON-RPC error body.
+    Rpc {
+        status: u16,
+        body: Vec<u8>,
+        deny: loopgate_policy::Deny,
+    },
 }
 
 /// The endpoint a request addresses, or the denial for an unknown one.
@@ -250,6 +256,7 @@ pub async fn admit(
 
     // Limits last: only a request that passed every rule uses up capacity.
     let limit_req = LimitRequest {
+        extra: &[],
         estimated_prompt: facts.estimated_prompt_tokens(),
         max_tokens: facts.max_tokens,
         task,
@@ -279,6 +286,7 @@ pub async fn admit(
             expect_json: false,
             isolation: None,
             fail_open: None,
+            mcp: None,
         }),
         body,
         taken,

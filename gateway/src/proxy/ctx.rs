@@ -43,6 +43,8 @@ pub struct Admission {
     /// Forwarded under `fail_mode: open` although the gateway could not
     /// decide: the deny code it would otherwise have answered with.
     pub fail_open: Option<DenyCode>,
+    /// An MCP request: server, method, tool, list filters.
+    pub mcp: Option<Arc<super::mcp::McpCall>>,
 }
 
 /// Per-request state, created by `new_ctx` and filled in by the hooks.
@@ -118,6 +120,10 @@ pub struct RequestCtx {
     pub settle_keys: Vec<String>,
     /// Every attempt sends `original_body` (the watchdog rewrote it).
     pub send_original: bool,
+    /// MCP: what the access log and metrics record (also for refusals).
+    pub mcp_audit: Option<super::mcp::McpAudit>,
+    /// MCP: list results being filtered to the agent's grant.
+    pub mcp_rewriter: Option<super::mcp::ListRewriter>,
 }
 
 impl RequestCtx {
@@ -162,6 +168,8 @@ impl RequestCtx {
             idem_capture: None,
             settle_keys: Vec::new(),
             send_original: false,
+            mcp_audit: None,
+            mcp_rewriter: None,
         }
     }
 }

@@ -23,6 +23,7 @@ mod admit;
 mod ctx;
 mod guards;
 mod ids;
+mod mcp;
 mod observe;
 mod respond;
 mod routing;
@@ -227,7 +228,8 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<bool, GatewayError> {
         let cfg = self.config.load_full();
-        let is_tool = tools::split(session.req_header().uri.path()).is_some();
+        let is_mcp = mcp::split(session.req_header().uri.path()).is_some();
+        let is_tool = is_mcp || tools::split(session.req_header().uri.path()).is_some();
         let endpoint = if is_tool {
             None
         } else {
@@ -255,6 +257,18 @@ impl Gateway {
                 )
                 .await?
             }
+            None if is_mcp => {
+                mcp::admit_mcp(
+                    session,
+                    &cfg,
+                    &state,
+                    agent_idx,
+                    &ctx.request_id,
+                    &mut ctx.linger,
+                    &mut ctx.mcp_audit,
+                )
+                .await?
+            }
             None => {
                 tools::admit_tool(
                     session,
@@ -268,6 +282,12 @@ impl Gateway {
             }
         };
         match admitted {
+            Admitted::Rpc { status, body, deny } => {
+                respond::write_rpc_error(session, ctx, status, body, &deny)
+                    .await
+                    .map_err(|e| GatewayError::Internal(format!("cannot answer: {e}")))?;
+                Ok(true)
+            }
             Admitted::Replay(record) => {
                 ctx.replayed = true;
                 respond::write_replay(session, ctx, &record)
@@ -324,6 +344,60 @@ impl Gateway {
                 Ok(true)
             }
         }
+    }
+
+    /// MCP answers: binds a new session to the agent that initialized it,
+    /// and arms the list filter for `*/list` results.
+    async fn mcp_response(
+        &self,
+        resp: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        call: &mcp::McpCall,
+        ct: Option<&str>,
+    ) -> pingora::Result<()> {
+        let ok = (200..300).contains(&resp.status.as_u16());
+        if call.binds_session && ok {
+            let sid = resp
+                .headers
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            if let (Some(sid), Some(agent)) = (sid, ctx.agent.clone()) {
+                let key = mcp::session_key(&call.server, &sid);
+                let bound = self
+                    .store
+                    .record_swap(
+                        self.clock.now(),
+                        &key,
+                        None,
+                        agent.as_bytes().to_vec(),
+                        mcp::SESSION_TTL,
+                    )
+                    .await;
+                match bound {
+                    Ok(true) => {}
+                    // Already bound (a server reusing an id): the owner stays.
+                    Ok(false) => log::warn!(
+                        "request {}: MCP server `{}` reused a session id",
+                        ctx.request_id,
+                        call.server
+                    ),
+                    // Unbound, the session is refused later (fail closed).
+                    Err(e) => log::warn!("request {}: session not bound: {e}", ctx.request_id),
+                }
+            }
+        }
+        if ok && !call.lists.is_empty() {
+            if let Some(ct) = ct
+                .filter(|c| c.starts_with("application/json") || c.starts_with("text/event-stream"))
+            {
+                ctx.mcp_rewriter = Some(mcp::ListRewriter::new(call, ct));
+                // Filtering changes the length.
+                resp.remove_header("content-length");
+                resp.insert_header("transfer-encoding", "chunked")?;
+            }
+        }
+        Ok(())
     }
 
     /// Forwards an admitted request whose body exceeds the retry buffer
@@ -916,7 +990,14 @@ impl ProxyHttp for Gateway {
             // The last attempt: the provider's own answer goes through unchanged.
             // (Its failure was recorded above; re-arm nothing.)
         }
-        if (200..300).contains(&status) && ctx.admitted.as_ref().is_some_and(|a| a.expect_json) {
+        // An MCP server may answer with an SSE stream: JSON-RPC events, not
+        // one JSON body.
+        let sse = content_type(resp).is_some_and(|c| c.starts_with("text/event-stream"));
+        let mcp = ctx.admitted.as_ref().is_some_and(|a| a.mcp.is_some());
+        if (200..300).contains(&status)
+            && ctx.admitted.as_ref().is_some_and(|a| a.expect_json)
+            && !(mcp && (sse || status == 202))
+        {
             ctx.json_check = Some(Vec::new());
         }
         ctx.served_by = Some(Arc::from(provider.name.as_str()));
@@ -970,14 +1051,33 @@ impl ProxyHttp for Gateway {
         if ctx.admitted.as_ref().is_some_and(|a| a.tool_path.is_none()) {
             ctx.usage_scanner = Some(UsageScanner::for_content_type(ct));
         }
+        let ct = ct.map(str::to_string);
         if ctx.admitted.as_ref().is_some_and(|a| a.idem.is_some()) {
             ctx.idem_capture = Some(ctx::IdemCapture {
                 status: resp.status.as_u16(),
-                content_type: ct.map(str::to_string),
+                content_type: ct.clone(),
                 ..Default::default()
             });
         }
+        if let Some(call) = ctx.admitted.as_ref().and_then(|a| a.mcp.clone()) {
+            self.mcp_response(resp, ctx, &call, ct.as_deref()).await?;
+        }
         Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Option<Duration>> {
+        if let Some(rw) = ctx.mcp_rewriter.as_mut() {
+            let chunk = body.take().unwrap_or_default();
+            let out = rw.feed(&chunk, end_of_stream);
+            *body = (!out.is_empty()).then_some(out);
+        }
+        Ok(None)
     }
 
     fn upstream_response_body_filter(

@@ -70,6 +70,17 @@ pub fn record(gw: &Gateway, session: &mut Session, _e: Option<&Error>, ctx: &mut
             decision,
         ])
         .inc();
+    if let Some(a) = &ctx.mcp_audit {
+        // Tool labels only for granted tools: agents cannot grow the label set.
+        let tool = match (&a.tool, a.granted) {
+            (Some(t), true) => t.as_str(),
+            (Some(_), false) => "other",
+            (None, _) => "-",
+        };
+        m.mcp_requests
+            .with_label_values(&[a.server.as_str(), tool, decision])
+            .inc();
+    }
     if let Some(code @ ("rate_limited" | "too_many_in_flight")) = ctx.error_code {
         m.limit_rejections.with_label_values(&[agent, code]).inc();
     }
@@ -144,6 +155,13 @@ pub fn record(gw: &Gateway, session: &mut Session, _e: Option<&Error>, ctx: &mut
         fallback_used: fallback_from.is_some(),
         fallback_from,
         fallback_to: fallback_from.and(provider),
+        mcp_server: ctx.mcp_audit.as_ref().map(|a| a.server.as_str()),
+        mcp_method: ctx.mcp_audit.as_ref().map(|a| a.method.as_str()),
+        mcp_tool: ctx.mcp_audit.as_ref().and_then(|a| a.tool.as_deref()),
+        mcp_args_sha256: ctx
+            .mcp_audit
+            .as_ref()
+            .and_then(|a| a.args_sha256.as_deref()),
     };
     gw.access_log.write(&record);
 }

@@ -80,6 +80,22 @@ async fn write_json(
         .await
 }
 
+/// Answers an MCP message with the gateway's JSON-RPC error.
+pub async fn write_rpc_error(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    status: u16,
+    body: Vec<u8>,
+    deny: &loopgate_policy::Deny,
+) -> pingora::Result<()> {
+    ctx.error_code = Some(deny.code.as_str());
+    let mut extra: Vec<(&'static str, String)> = vec![(ERROR_HEADER, deny.code.as_str().into())];
+    if let Some(after) = deny.retry_after {
+        extra.push(("retry-after", after.as_secs().max(1).to_string()));
+    }
+    write_json(session, ctx, status, body, &extra).await
+}
+
 /// Replays a recorded tool response for a repeated idempotency key.
 pub async fn write_replay(
     session: &mut Session,

@@ -316,6 +316,7 @@ pub async fn admit_tool(
                 state.store,
                 state.clock.now(),
                 &LimitRequest {
+                    extra: &[],
                     estimated_prompt: 0,
                     max_tokens: Some(0),
                     task: None,
@@ -362,6 +363,7 @@ pub async fn admit_tool(
             expect_json: tool.expect_json,
             isolation,
             fail_open: unsure.code,
+            mcp: None,
         }),
         body,
         taken,

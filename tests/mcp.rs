@@ -1,0 +1,343 @@
+//! The MCP gateway end to end: agents -> Loopgate -> an MCP server (the
+//! mock's, over real sockets) with curl; the official `mcp` Python SDK
+//! (client and FastMCP server) in tests/mcp/.
+
+use loopgate_tests::*;
+use serde_json::{json, Value};
+
+const OTHER_KEY: &str = "mcp-other-agent-key-9";
+
+fn config(mock: &Mock, extra_server: &str) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}" }}
+threads: 2
+providers:
+  oa: {{ kind: openai_compatible, base_url: "{mock}" }}
+routes:
+  - models: [gpt-4o-mini]
+    targets: [ {{ provider: oa }} ]
+mcp_servers:
+  files:
+    url: "{mock}/mcp"
+    auth: {{ bearer_env: LOOPGATE_TEST_TOOL_KEY }}
+    writes: ["delete_*", "write_*"]
+    noise_fields: [request_id]
+    breaker: {{ consecutive_failures: 2, open_ms: 60000 }}
+{extra_server}
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: [gpt-4o-mini]
+    loop_guard: {{ window: 10, repeats: 3 }}
+    mcp_access:
+      files: {{ tools: [read_file, "search*", write_note], write_calls_per_minute: 2 }}
+  other:
+    key_sha256: "{other}"
+    models: [gpt-4o-mini]
+    mcp_access:
+      files: {{ tools: [read_file] }}
+  narrow:
+    key_sha256: "{narrow}"
+    models: [gpt-4o-mini]
+"#,
+        mock = mock.url(),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+        other = sha256_hex(OTHER_KEY.as_bytes()),
+        narrow = sha256_hex(NARROW_KEY.as_bytes()),
+    )
+}
+
+fn rpc(gw: &Gateway, key: &str, body: &Value, extra: &[&str]) -> Resp {
+    let url = gw.url("/mcp/files");
+    let auth = auth(key);
+    let body = body.to_string();
+    let mut args = vec![
+        url.as_str(),
+        "-H",
+        &auth,
+        "-H",
+        "content-type: application/json",
+        "-H",
+        "accept: application/json, text/event-stream",
+    ];
+    args.extend_from_slice(extra);
+    args.extend(["-d", body.as_str()]);
+    curl(&args)
+}
+
+fn msg(id: u64, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+fn initialize(gw: &Gateway, key: &str) -> String {
+    let r = rpc(
+        gw,
+        key,
+        &msg(
+            1,
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+        ),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("mcp-session-id")
+        .expect("a session id")
+        .to_string()
+}
+
+/// The JSON-RPC messages of an SSE body.
+fn sse_messages(text: &str) -> Vec<Value> {
+    text.split("\n\n")
+        .filter_map(|ev| {
+            let data: Vec<&str> = ev
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .collect();
+            (!data.is_empty()).then(|| serde_json::from_str(&data.join("\n")).unwrap())
+        })
+        .collect()
+}
+
+fn names(result: &Value) -> Vec<String> {
+    result["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn listing_shows_only_granted_tools_in_json_and_sse() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock, ""));
+    let sid = initialize(&gw, AGENT_KEY);
+    let s = format!("mcp-session-id: {sid}");
+    let r = rpc(
+        &gw,
+        AGENT_KEY,
+        &msg(2, "tools/list", json!({})),
+        &["-H", &s],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        names(&r.json()["result"]),
+        ["read_file", "search_docs", "write_note"]
+    );
+    // The server saw the gateway's credential, never the agent's key.
+    let seen = mock.last_request();
+    assert_eq!(
+        recorded_header(&seen, "authorization"),
+        Some(format!("Bearer {TOOL_KEY}").as_str())
+    );
+    assert_eq!(recorded_header(&seen, "mcp-session-id"), Some(sid.as_str()));
+
+    // SSE: the progress event passes as is, the list result is filtered.
+    let r = rpc(
+        &gw,
+        AGENT_KEY,
+        &msg(3, "tools/list", json!({})),
+        &["-H", &s, "-H", "x-mock-mcp-sse: 1"],
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let msgs = sse_messages(&r.text());
+    assert_eq!(msgs[0]["method"], "notifications/message");
+    assert_eq!(
+        names(&msgs[1]["result"]),
+        ["read_file", "search_docs", "write_note"]
+    );
+
+    // Another agent's grant gives another list.
+    let sid2 = initialize(&gw, OTHER_KEY);
+    let r = rpc(
+        &gw,
+        OTHER_KEY,
+        &msg(2, "tools/list", json!({})),
+        &["-H", &format!("mcp-session-id: {sid2}")],
+    );
+    assert_eq!(names(&r.json()["result"]), ["read_file"]);
+}
+
+#[test]
+fn calls_outside_the_grant_are_answered_by_the_gateway_and_never_sent() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock, ""));
+    let sid = initialize(&gw, AGENT_KEY);
+    let s = format!("mcp-session-id: {sid}");
+    let r = rpc(
+        &gw,
+        AGENT_KEY,
+        &msg(
+            5,
+            "tools/call",
+            json!({"name": "read_file", "arguments": {"path": "/a"}}),
+        ),
+        &["-H", &s],
+    );
+    assert_eq!(
+        r.json()["result"]["content"][0]["text"],
+        "read_file called with {\"path\":\"/a\"}"
+    );
+    let before = mock.requests().len();
+    for (body, code) in [
+        (
+            msg(
+                6,
+                "tools/call",
+                json!({"name": "delete_file", "arguments": {"path": "/"}}),
+            ),
+            "tool_not_allowed",
+        ),
+        (
+            msg(7, "sampling/createMessage", json!({})),
+            "method_not_allowed",
+        ),
+        (
+            json!([
+                msg(8, "tools/call", json!({"name": "read_file"})),
+                msg(9, "tools/call", json!({"name": "delete_file"}))
+            ]),
+            "tool_not_allowed",
+        ),
+    ] {
+        let r = rpc(&gw, AGENT_KEY, &body, &["-H", &s]);
+        assert_eq!(r.status, 200, "a JSON-RPC error, in a 200");
+        assert_eq!(r.header("x-loopgate-error"), Some(code));
+        let v = r.json();
+        let e = if v.is_array() { &v[0] } else { &v };
+        assert_eq!(e["error"]["data"]["loopgate_code"], code);
+        assert_eq!(e["error"]["data"]["retryable"], false);
+        assert_eq!(e["id"], body.get("id").cloned().unwrap_or(json!(9)));
+    }
+    assert_eq!(mock.requests().len(), before, "the server saw nothing");
+
+    // No grant for the server at all: 403, with a JSON-RPC error body.
+    let r = rpc(&gw, NARROW_KEY, &msg(1, "tools/list", json!({})), &[]);
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.json()["error"]["data"]["loopgate_code"],
+        "tool_not_allowed"
+    );
+    assert_eq!(mock.requests().len(), before);
+    // The audit line and metrics.
+    assert_eq!(
+        gw.metric("loopgate_mcp_requests_total{decision=\"deny\",server=\"files\",tool=\"other\"}"),
+        2.0
+    );
+    assert_eq!(
+        gw.metric(
+            "loopgate_mcp_requests_total{decision=\"allow\",server=\"files\",tool=\"read_file\"}"
+        ),
+        1.0
+    );
+}
+
+#[test]
+fn a_session_belongs_to_the_agent_that_opened_it() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock, ""));
+    let sid = initialize(&gw, AGENT_KEY);
+    let before = mock.requests().len();
+    let r = rpc(
+        &gw,
+        OTHER_KEY,
+        &msg(2, "tools/call", json!({"name": "read_file"})),
+        &["-H", &format!("mcp-session-id: {sid}")],
+    );
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.json()["error"]["data"]["loopgate_code"],
+        "session_not_owned"
+    );
+    let r = rpc(
+        &gw,
+        AGENT_KEY,
+        &msg(2, "ping", json!({})),
+        &["-H", "mcp-session-id: made-up"],
+    );
+    assert_eq!(r.status, 404, "an unknown session: initialize again");
+    assert_eq!(mock.requests().len(), before);
+}
+
+#[test]
+fn looping_calls_and_write_rates_are_stopped_as_json_rpc_errors() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock, ""));
+    let sid = initialize(&gw, AGENT_KEY);
+    let s = format!("mcp-session-id: {sid}");
+    let task = "x-agent-task-id: mcp-task-1";
+    // request_id is noise: the three calls are the same call.
+    for i in 0..2 {
+        let call = msg(
+            10 + i,
+            "tools/call",
+            json!({"name": "search_docs", "arguments": {"q": "refund", "request_id": i}}),
+        );
+        assert!(rpc(&gw, AGENT_KEY, &call, &["-H", &s, "-H", task])
+            .json()
+            .get("result")
+            .is_some());
+    }
+    let before = mock.requests().len();
+    let call = msg(
+        12,
+        "tools/call",
+        json!({"name": "search_docs", "arguments": {"q": "refund", "request_id": 99}}),
+    );
+    let r = rpc(&gw, AGENT_KEY, &call, &["-H", &s, "-H", task]);
+    assert_eq!(r.json()["id"], 12);
+    assert_eq!(r.json()["error"]["data"]["loopgate_code"], "loop_detected");
+    assert_eq!(mock.requests().len(), before);
+
+    // write_note is a write tool: 2 per minute for this agent.
+    for i in 0..2 {
+        let call = msg(
+            20 + i,
+            "tools/call",
+            json!({"name": "write_note", "arguments": {"n": i}}),
+        );
+        assert!(rpc(&gw, AGENT_KEY, &call, &["-H", &s])
+            .json()
+            .get("result")
+            .is_some());
+    }
+    let r = rpc(
+        &gw,
+        AGENT_KEY,
+        &msg(
+            22,
+            "tools/call",
+            json!({"name": "write_note", "arguments": {"n": 3}}),
+        ),
+        &["-H", &s],
+    );
+    assert_eq!(r.json()["error"]["data"]["loopgate_code"], "rate_limited");
+    assert_eq!(r.json()["error"]["data"]["retryable"], true);
+    assert!(r.header("retry-after").is_some());
+}
+
+#[test]
+fn a_server_answering_500_trips_its_breaker() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock, ""));
+    let sid = initialize(&gw, AGENT_KEY);
+    let s = format!("mcp-session-id: {sid}");
+    for _ in 0..2 {
+        let r = rpc(
+            &gw,
+            AGENT_KEY,
+            &msg(2, "ping", json!({})),
+            &["-H", &s, "-H", "x-mock-status: 500"],
+        );
+        assert_eq!(r.status, 500);
+    }
+    let before = mock.requests().len();
+    let r = rpc(&gw, AGENT_KEY, &msg(3, "ping", json!({})), &["-H", &s]);
+    r.assert_gateway_error(503, "circuit_open");
+    assert_eq!(mock.requests().len(), before);
+    // A JSON-RPC error result does not count: only transport and 5xx do.
+}
