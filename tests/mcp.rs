@@ -341,3 +341,79 @@ fn a_server_answering_500_trips_its_breaker() {
     assert_eq!(mock.requests().len(), before);
     // A JSON-RPC error result does not count: only transport and 5xx do.
 }
+
+/// The official `mcp` Python SDK, client and server, through Loopgate.
+#[test]
+fn the_official_mcp_sdk_works_through_the_gateway() {
+    for mode in ["sse", "json"] {
+        let dir = scratch_dir("mcp-sdk");
+        let log = dir.join("calls.jsonl");
+        std::fs::write(&log, "").unwrap();
+        let port = free_port();
+        let _server = Proc::from(
+            std::process::Command::new("python3")
+                .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py"))
+                .args([port.to_string(), mode.to_string()])
+                .env("MCP_TEST_LOG", &log)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("python3 with the mcp SDK (pip install mcp)"),
+        );
+        assert!(
+            eventually(20, || std::net::TcpStream::connect(("127.0.0.1", port))
+                .is_ok()),
+            "the MCP server did not start"
+        );
+        let server = format!(
+            "  sdk:\n    url: \"http://127.0.0.1:{port}/mcp\"\n    writes: [\"delete_*\", \"write_*\"]\n"
+        );
+        let yaml = config(&Mock::start(), &server).replace(
+            "      files: { tools: [read_file, \"search*\", write_note], write_calls_per_minute: 2 }",
+            "      files: { tools: [read_file, \"search*\", write_note], write_calls_per_minute: 2 }\n      sdk: { tools: [read_file, \"search*\"] }",
+        )
+        .replace(
+            "      files: { tools: [read_file] }",
+            "      files: { tools: [read_file] }\n      sdk: { tools: [read_file] }",
+        );
+        let gw = Gateway::start(&yaml);
+        let out = std::process::Command::new("python3")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/client.py"))
+            .args([&gw.url("/mcp/sdk"), AGENT_KEY, OTHER_KEY])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{mode}: client failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["server_name"], "loopgate-test", "{mode}");
+        assert_eq!(
+            v["tools"],
+            json!(["read_file", "search_docs"]),
+            "{mode}: only granted tools"
+        );
+        assert_eq!(v["read_file"], "contents of /etc/motd");
+        assert_eq!(v["delete_file"]["loopgate_code"], "tool_not_allowed");
+        assert_eq!(v["delete_file"]["retryable"], false);
+        assert_eq!(v["loop"][0], "3 results for refund policy");
+        assert_eq!(
+            v["loop"][2]["loopgate_code"], "loop_detected",
+            "{mode}: {v}"
+        );
+        assert_eq!(v["hijack"]["status"], 403);
+        assert_eq!(
+            v["hijack"]["body"]["error"]["data"]["loopgate_code"],
+            "session_not_owned"
+        );
+        // What reached the server: the allowed calls only.
+        let calls: Vec<Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let tools: Vec<&str> = calls.iter().map(|c| c["tool"].as_str().unwrap()).collect();
+        assert_eq!(tools, ["read_file", "search_docs", "search_docs"], "{mode}");
+    }
+}

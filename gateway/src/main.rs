@@ -257,6 +257,14 @@ A denial (model not allowed for this agent), with its structured error:
   curl -si {gw}/v1/chat/completions -H 'Authorization: Bearer {DEMO_AGENT_KEY}' \
     -H 'content-type: application/json' -d '{{"model":"gpt-4o","messages":[]}}'
 
+MCP (the mock's server behind /mcp/files; only read_file and search_docs are granted):
+  curl -s {gw}/mcp/files -H 'Authorization: Bearer {DEMO_AGENT_KEY}' \
+    -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' \
+    -d '{{"jsonrpc":"2.0","id":1,"method":"tools/list"}}'
+  curl -s {gw}/mcp/files -H 'Authorization: Bearer {DEMO_AGENT_KEY}' \
+    -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' \
+    -d '{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"delete_file","arguments":{{"path":"/"}}}}}}'
+
 Admin (metrics are open; the API needs the token):
   curl -s http://{admin}/metrics | grep loopgate_requests_total
   curl -s http://{admin}/admin/breakers -H 'Authorization: Bearer demo-admin-token'

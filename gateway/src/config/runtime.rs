@@ -610,6 +610,13 @@ pub fn build(
     let mut mcp_servers: HashMap<String, Arc<McpServer>> = HashMap::new();
     for (name, m) in spec.mcp_servers {
         let at = format!("mcp_servers.{name}");
+        if spec_tool_names.contains(&name) {
+            // They would share a breaker key and a metrics label.
+            errs.push(
+                at.clone(),
+                format!("`{name}` is also a tool name; pick another"),
+            );
+        }
         let path = match m.url.split_once("://").map(|(_, rest)| rest) {
             Some(rest) => match rest.find('/') {
                 Some(i) => rest[i..].to_string(),
