@@ -6,6 +6,7 @@ use loopgate_tests::*;
 use serde_json::{json, Value};
 
 const OTHER_KEY: &str = "mcp-other-agent-key-9";
+const TRIAL_KEY: &str = "mcp-trial-agent-key-3";
 
 fn config(mock: &Mock, extra_server: &str) -> String {
     format!(
@@ -41,11 +42,18 @@ agents:
   narrow:
     key_sha256: "{narrow}"
     models: [gpt-4o-mini]
+  trial:
+    key_sha256: "{trial}"
+    models: [gpt-4o-mini]
+    dry_run: [tool_not_allowed]
+    mcp_access:
+      files: {{ tools: [read_file] }}
 "#,
         mock = mock.url(),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         other = sha256_hex(OTHER_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
+        trial = sha256_hex(TRIAL_KEY.as_bytes()),
     )
 }
 
@@ -416,4 +424,37 @@ fn the_official_mcp_sdk_works_through_the_gateway() {
         let tools: Vec<&str> = calls.iter().map(|c| c["tool"].as_str().unwrap()).collect();
         assert_eq!(tools, ["read_file", "search_docs", "search_docs"], "{mode}");
     }
+}
+
+#[test]
+fn dry_run_lets_the_call_through_and_records_the_would_deny() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock, ""));
+    let sid = initialize(&gw, TRIAL_KEY);
+    let s = format!("mcp-session-id: {sid}");
+    let r = rpc(
+        &gw,
+        TRIAL_KEY,
+        &msg(
+            4,
+            "tools/call",
+            json!({"name": "delete_file", "arguments": {"path": "/tmp/x"}}),
+        ),
+        &["-H", &s],
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.json().get("result").is_some(), "{}", r.text());
+    assert_eq!(r.header("x-loopgate-would-deny"), Some("tool_not_allowed"));
+    assert_eq!(
+        gw.metric("loopgate_would_deny_total{code=\"tool_not_allowed\"}"),
+        1.0
+    );
+    // Listing is not filtered either: dry-run shows what enforcement would hide.
+    let r = rpc(
+        &gw,
+        TRIAL_KEY,
+        &msg(5, "tools/list", json!({})),
+        &["-H", &s],
+    );
+    assert_eq!(names(&r.json()["result"]).len(), 4);
 }

@@ -47,6 +47,12 @@ tools:
   strict:
     base_url: "{mock}/echo/strict"
     idempotency: {{ mode: required }}
+mcp_servers:
+  files-open:
+    url: "{mock}/mcp"
+    fail_mode: open
+  files-closed:
+    url: "{mock}/mcp"
 agents:
   rpm:
     key_sha256: "{rpm}"
@@ -55,6 +61,9 @@ agents:
     tool_access:
       lenient: {{ methods: [GET, POST], paths: ["/*"] }}
       strict: {{ methods: [GET, POST], paths: ["/*"] }}
+    mcp_access:
+      files-open: {{ tools: [read_file] }}
+      files-closed: {{ tools: [read_file] }}
   budget:
     key_sha256: "{budget}"
     models: [gpt-4o-mini]
@@ -377,4 +386,62 @@ fn a_task_looping_across_instances_is_caught() {
     // Another task is not affected.
     let other = ["-H", "x-agent-task-id: task-spread-2"];
     assert_eq!(chat(&gws[0], BUDGET_KEY, &other).status, 200);
+}
+
+#[test]
+fn mcp_servers_follow_their_fail_mode_when_redis_is_lost() {
+    let mock = Mock::start();
+    let mut redis = Redis::start();
+    let gw = Gateway::start(&config(&mock, &redis, ""));
+    let post = |server: &str, sid: Option<&str>, body: &str| {
+        let url = gw.url(&format!("/mcp/{server}"));
+        let auth = auth(RPM_KEY);
+        let sid = sid.map(|s| format!("mcp-session-id: {s}"));
+        let mut args = vec![
+            url.as_str(),
+            "-m",
+            "20",
+            "-H",
+            &auth,
+            "-H",
+            "content-type: application/json",
+        ];
+        if let Some(s) = &sid {
+            args.extend(["-H", s.as_str()]);
+        }
+        args.extend(["-d", body]);
+        curl(&args)
+    };
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let call = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/a"}}}"#;
+    let open_sid = post("files-open", None, init)
+        .header("mcp-session-id")
+        .unwrap()
+        .to_string();
+    let closed_sid = post("files-closed", None, init)
+        .header("mcp-session-id")
+        .unwrap()
+        .to_string();
+    redis.stop();
+    let before = received(&mock);
+    let r = post("files-closed", Some(&closed_sid), call);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["data"]["loopgate_code"],
+        "state_unavailable"
+    );
+    assert_eq!(received(&mock), before);
+    let r = post("files-open", Some(&open_sid), call);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json().get("result").is_some());
+    assert_eq!(r.header("x-loopgate-fail-open"), Some("state_unavailable"));
+    // A call outside the grant is still refused: fail_mode never overrides a denial.
+    let denied =
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"delete_file"}}"#;
+    let r = post("files-open", Some(&open_sid), denied);
+    assert_eq!(
+        r.json()["error"]["data"]["loopgate_code"],
+        "tool_not_allowed"
+    );
+    assert_eq!(received(&mock), before + 1);
 }

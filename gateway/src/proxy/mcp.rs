@@ -168,12 +168,31 @@ pub async fn admit_mcp(
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    // `fail_mode: open`: what the gateway could not decide, let through.
+    let mut fail_open: Option<DenyCode> = None;
+    let undecided = |d: &Deny| {
+        matches!(
+            d.code,
+            DenyCode::StateUnavailable | DenyCode::PolicyUnavailable
+        )
+    };
     if let Some(sid) = &session_id {
-        let owner = state
+        let owner = match state
             .store
             .record_get(state.clock.now(), &session_key(name, sid))
             .await
-            .map_err(|e| Deny::new(DenyCode::StateUnavailable, e.to_string()))?;
+        {
+            Ok(o) => o,
+            Err(e) => {
+                let d = Deny::new(DenyCode::StateUnavailable, e.to_string());
+                if !server.tool.fail_open {
+                    return Ok(rpc(Value::Null, d, false, request_id, 503));
+                }
+                log::warn!("fail_mode open: session not checked: {}", d.message);
+                fail_open = Some(d.code);
+                Some((0, rules.name.as_bytes().to_vec()))
+            }
+        };
         match owner {
             Some((_, agent)) if agent == rules.name.as_bytes() => {}
             Some(_) => {
@@ -203,13 +222,30 @@ pub async fn admit_mcp(
         }
     }
 
-    let (body, call, extra) = match req.method {
+    let mut dry_run_deny = None;
+    let (body, mut call, extra) = match req.method {
         http::Method::POST => {
             let limit = rules.max_body_bytes;
             let body = super::admit::read_body(session, limit, linger).await?;
             *audit = Some(McpAudit::peek(name, "POST", &body, &server.noise_fields));
             let judgement = match mcp::judge(&access.grant, &body) {
                 Ok(j) => j,
+                // Dry-run: a call outside the grant goes through, recorded.
+                Err(refused)
+                    if matches!(
+                        refused.deny.code,
+                        DenyCode::ToolNotAllowed | DenyCode::PathNotAllowed
+                    ) && rules.is_dry_run(refused.deny.code) =>
+                {
+                    dry_run_deny = Some(refused.deny);
+                    match mcp::judge(&allow_all(), &body) {
+                        Ok(j) => j,
+                        Err(refused) => {
+                            let batch = body.first() == Some(&b'[');
+                            return Ok(rpc(refused.id, refused.deny, batch, request_id, 200));
+                        }
+                    }
+                }
                 Err(refused) => {
                     let batch = body.first() == Some(&b'[');
                     return Ok(rpc(refused.id, refused.deny, batch, request_id, 200));
@@ -251,6 +287,13 @@ pub async fn admit_mcp(
 
     let task = super::admit::task_id(session);
     let mut verdict = Verdict::default();
+    if rules.is_dry_run(DenyCode::ToolNotAllowed) {
+        // Dry-run shows what enforcement would hide: lists pass unfiltered.
+        call.lists.clear();
+    }
+    if let Some(d) = dry_run_deny {
+        verdict.would_deny = Some(d);
+    }
     let agent_guards = &cfg.guards[agent_idx];
     let batch = body.first() == Some(&b'[');
     let call_id = first_call_id(&body);
@@ -276,6 +319,9 @@ pub async fn admit_mcp(
                     Err(d) => return Ok(rpc(call_id, d, batch, request_id, 200)),
                 },
                 Ok(None) => {}
+                Err(GatewayError::Denied(d)) if undecided(&d) && server.tool.fail_open => {
+                    fail_open.get_or_insert(d.code);
+                }
                 Err(GatewayError::Denied(d)) => return Ok(rpc(call_id, d, batch, request_id, 200)),
                 Err(e) => return Err(e),
             }
@@ -309,6 +355,10 @@ pub async fn admit_mcp(
         .await;
     let taken = match taken {
         Ok(t) => t,
+        Err(d) if undecided(&d) && server.tool.fail_open => {
+            fail_open.get_or_insert(d.code);
+            loopgate_policy::LimitsTaken::none()
+        }
         Err(d) => return Ok(rpc(call_id, d, batch, request_id, 200)),
     };
     if let Some(a) = audit.as_mut() {
@@ -334,12 +384,22 @@ pub async fn admit_mcp(
             idem: None,
             expect_json: true,
             isolation: None,
-            fail_open: None,
+            fail_open,
             mcp: Some(Arc::new(call)),
         }),
         body,
         taken,
     ))
+}
+
+/// A grant allowing everything (dry-run judges the shape only).
+fn allow_all() -> mcp::McpGrant {
+    let all = loopgate_policy::PatternList::parse(&["*"]).unwrap_or_default();
+    mcp::McpGrant {
+        tools: all.clone(),
+        prompts: all.clone(),
+        resources: all,
+    }
 }
 
 /// The call's description for the exchange, and the call-rate windows of
