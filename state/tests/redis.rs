@@ -3,53 +3,9 @@
 
 use loopgate_policy::{conformance, AdmitOutcome, SlotTake, StateStore, WindowTake};
 use loopgate_state::{FallbackStore, RedisConfig, RedisStore, SharedFlags};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use loopgate_tests::{free_port, Redis};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        Redis::start_on(port)
-    }
-
-    fn start_on(port: u16) -> Redis {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (apt-get install -y redis-server)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn cfg(url: &str, prefix: &str) -> RedisConfig {
     RedisConfig {
@@ -121,11 +77,7 @@ fn two_clients_share_one_limit_exactly() {
 #[test]
 fn an_unreachable_redis_fails_fast_and_the_fallback_admits_locally() {
     // A port nobody listens on.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let url = format!("redis://127.0.0.1:{port}/0");
     rt().block_on(async {
         let s = RedisStore::start(cfg(&url, "t3:")).unwrap();
@@ -160,11 +112,7 @@ fn an_unreachable_redis_fails_fast_and_the_fallback_admits_locally() {
 
 #[test]
 fn the_store_comes_back_when_redis_does() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let url = format!("redis://127.0.0.1:{port}/0");
     rt().block_on(async {
         let redis = Redis::start_on(port);

@@ -105,6 +105,18 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// `v`, or `default` when absent; 0 is an error at `path`.
+fn at_least_one(errs: &mut Errs, path: &str, v: Option<u64>, default: u64) -> u64 {
+    match v {
+        Some(0) => {
+            errs.push(path, "must be at least 1");
+            default
+        }
+        Some(n) => n,
+        None => default,
+    }
+}
+
 fn build_state(
     errs: &mut Errs,
     s: Option<&spec::StateSpec>,
@@ -158,13 +170,8 @@ fn build_state(
             );
         }
     }
-    let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| match v {
-        Some(0) => {
-            errs.push(format!("state.{field}"), "must be at least 1");
-            default
-        }
-        Some(n) => n,
-        None => default,
+    let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| {
+        at_least_one(errs, &format!("state.{field}"), v, default)
     };
     let on_unavailable = s.on_unavailable.unwrap_or(spec::OnUnavailable::Deny);
     let replicas = match (on_unavailable, s.replicas) {
@@ -946,13 +953,8 @@ pub fn build(
                     format!("no server `{server}` under `mcp_servers:`"),
                 );
             }
-            let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| match v {
-                Some(0) => {
-                    errs.push(format!("{gat}.{field}"), "must be at least 1");
-                    default
-                }
-                Some(n) => n,
-                None => default,
+            let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| {
+                at_least_one(errs, &format!("{gat}.{field}"), v, default)
             };
             mcp.insert(
                 server.clone(),
