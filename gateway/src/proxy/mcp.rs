@@ -416,15 +416,21 @@ fn describe(
         .iter()
         .find_map(|m| m.tool.as_ref())
         .map(|(t, _)| t.clone());
-    let mut extra = Vec::new();
+    let mut extra: Vec<WindowTake> = Vec::new();
     for (t, _) in j.messages.iter().filter_map(|m| m.tool.as_ref()) {
+        let key = format!("{agent}:mcp:{name}:{t}");
+        // A batch calling one tool twice takes 2 from one window, not 1 twice.
+        if let Some(w) = extra.iter_mut().find(|w| w.key == key) {
+            w.cost += 1;
+            continue;
+        }
         let limit = if server.writes.allows(t) {
             access.write_calls_per_minute
         } else {
             access.calls_per_minute
         };
         extra.push(WindowTake {
-            key: format!("{agent}:mcp:{name}:{t}"),
+            key,
             limit,
             window: Duration::from_secs(60),
             cost: 1,
