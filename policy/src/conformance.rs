@@ -134,7 +134,7 @@ pub async fn windows_admit_up_to_the_limit_and_say_when(
 pub async fn all_or_nothing(store: &dyn StateStore, p: &str, t0: Duration) {
     let roomy = window(format!("{p}roomy"), 10, 1);
     let full = window(format!("{p}full"), 1, 1);
-    assert!(taken(store, t0, &[full.clone()], &[]).await);
+    assert!(taken(store, t0, std::slice::from_ref(&full), &[]).await);
     for _ in 0..5 {
         assert!(!taken(store, t0, &[roomy.clone(), full.clone()], &[]).await);
     }
@@ -146,9 +146,12 @@ pub async fn all_or_nothing(store: &dyn StateStore, p: &str, t0: Duration) {
     // Slots too: a full slot refuses, and the window is not taken.
     let s = slot(format!("{p}slot"), 1);
     let w = window(format!("{p}w"), 2, 1);
-    assert!(taken(store, t0, &[], &[s.clone()]).await);
+    assert!(taken(store, t0, &[], std::slice::from_ref(&s)).await);
     assert_eq!(
-        store.admit(t0, &[w.clone()], &[s]).await.unwrap(),
+        store
+            .admit(t0, std::slice::from_ref(&w), &[s])
+            .await
+            .unwrap(),
         AdmitOutcome::Refused(Refusal::Slot { index: 0 })
     );
     let AdmitOutcome::Taken { remaining, .. } = store.admit(t0, &[w], &[]).await.unwrap() else {

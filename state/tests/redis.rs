@@ -89,7 +89,10 @@ fn an_unreachable_redis_fails_fast_and_the_fallback_admits_locally() {
             enforce: true,
         };
         let t = Instant::now();
-        let err = s.admit(epoch(), &[w.clone()], &[]).await.unwrap_err();
+        let err = s
+            .admit(epoch(), std::slice::from_ref(&w), &[])
+            .await
+            .unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(1), "fails fast");
         assert!(err.0.contains("not connected"), "{err}");
         assert!(!s.health().available);
@@ -98,8 +101,10 @@ fn an_unreachable_redis_fails_fast_and_the_fallback_admits_locally() {
         let f = FallbackStore::new(s, 2);
         let mut admitted = 0;
         for _ in 0..10 {
-            if let AdmitOutcome::Taken { lease, .. } =
-                f.admit(epoch(), &[w.clone()], &[]).await.unwrap()
+            if let AdmitOutcome::Taken { lease, .. } = f
+                .admit(epoch(), std::slice::from_ref(&w), &[])
+                .await
+                .unwrap()
             {
                 assert!(lease.degraded);
                 admitted += 1;
