@@ -121,7 +121,7 @@ impl GatewayError {
                 provider,
                 retry_after,
             } => format!(
-                "the circuit for provider `{provider}` is open; retry in {} s",
+                "the circuit for upstream `{provider}` is open; retry in {} s",
                 retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0)
             ),
             GatewayError::BreakerUnavailable => {
