@@ -71,15 +71,28 @@ impl AccessLog {
     /// Queues one record; never blocks on I/O.
     pub fn write(&self, record: &Record<'_>) {
         let Some(pending) = &self.pending else { return };
-        let Ok(mut line) = serde_json::to_vec(record) else {
-            return;
-        };
-        line.push(b'\n');
-        match pending.lock() {
-            Ok(mut buf) if buf.len() + line.len() <= MAX_PENDING => buf.extend_from_slice(&line),
-            _ => self.metrics.access_log_dropped.inc(),
-        }
+        // Serialised into a buffer this thread reuses, so a line costs no
+        // allocation; the shared lock is held only for the copy.
+        LINE.with_borrow_mut(|line| {
+            line.clear();
+            if serde_json::to_writer(&mut *line, record).is_err() {
+                return;
+            }
+            line.push(b'\n');
+            match pending.lock() {
+                Ok(mut buf) if buf.len() + line.len() <= MAX_PENDING => buf.extend_from_slice(line),
+                _ => self.metrics.access_log_dropped.inc(),
+            }
+            // A huge line (long ids are clipped, so rare) is not kept around.
+            if line.capacity() > 64 * 1024 {
+                *line = Vec::with_capacity(1024);
+            }
+        });
     }
+}
+
+thread_local! {
+    static LINE: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(1024));
 }
 
 fn write_lines(pending: Arc<Mutex<Vec<u8>>>, out: Box<dyn Write + Send>) {
@@ -102,7 +115,7 @@ fn write_lines(pending: Arc<Mutex<Vec<u8>>>, out: Box<dyn Write + Send>) {
 /// One access-log line. Strings are bounded by the caller.
 #[derive(Debug, Serialize, Default)]
 pub struct Record<'a> {
-    pub time: String,
+    pub time: Timestamp,
     pub request_id: &'a str,
     pub agent_id: Option<&'a str>,
     pub task_id: Option<&'a str>,
@@ -145,10 +158,60 @@ pub struct Record<'a> {
     pub mcp_args_sha256: Option<&'a str>,
 }
 
-/// `2026-12-02T16:06:11.123Z`
-pub fn rfc3339_millis(t: SystemTime) -> String {
+/// A UTC time as `2026-12-02T16:06:11.123Z`, formatted without allocating.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Timestamp([u8; 24]);
+
+impl Timestamp {
+    pub fn as_str(&self) -> &str {
+        // Only ASCII digits and separators are ever written.
+        std::str::from_utf8(&self.0).unwrap_or("1970-01-01T00:00:00.000Z")
+    }
+}
+
+impl Default for Timestamp {
+    fn default() -> Self {
+        Timestamp(*b"1970-01-01T00:00:00.000Z")
+    }
+}
+
+impl std::fmt::Debug for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+thread_local! {
+    /// The last second formatted on this thread: the date and time of day
+    /// change once a second, the milliseconds on every line.
+    static LAST_SECOND: std::cell::Cell<(u64, Timestamp)> =
+        const { std::cell::Cell::new((u64::MAX, Timestamp(*b"1970-01-01T00:00:00.000Z"))) };
+}
+
+/// `t` as an RFC 3339 UTC timestamp with milliseconds.
+pub fn timestamp(t: SystemTime) -> Timestamp {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
     let secs = d.as_secs();
+    let (cached_secs, mut ts) = LAST_SECOND.get();
+    if cached_secs != secs {
+        ts = format_second(secs);
+        LAST_SECOND.set((secs, ts));
+    }
+    let ms = d.subsec_millis();
+    ts.0[20] = b'0' + (ms / 100) as u8;
+    ts.0[21] = b'0' + (ms / 10 % 10) as u8;
+    ts.0[22] = b'0' + (ms % 10) as u8;
+    ts
+}
+
+/// The whole-second part of a timestamp (milliseconds left at `000`).
+fn format_second(secs: u64) -> Timestamp {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days as i64 + 719_468;
@@ -159,14 +222,26 @@ pub fn rfc3339_millis(t: SystemTime) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
+    let year = (yoe + era * 400 + i64::from(month <= 2)).clamp(0, 9999) as u64;
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut v: u64| {
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, month as u64);
+    put(8, 2, day as u64);
+    put(11, 2, rem / 3600);
+    put(14, 2, rem % 3600 / 60);
+    put(17, 2, rem % 60);
+    Timestamp(out)
+}
+
+/// `2026-12-02T16:06:11.123Z`
+pub fn rfc3339_millis(t: SystemTime) -> String {
+    timestamp(t).as_str().to_string()
 }
 
 #[cfg(test)]
@@ -180,6 +255,23 @@ mod tests {
         assert_eq!(rfc3339_millis(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339_millis(leap), "2000-02-29T00:00:00.000Z");
+        // The cached second is reused only within that second.
+        let a = UNIX_EPOCH + Duration::from_millis(1_796_227_571_007);
+        let b = UNIX_EPOCH + Duration::from_millis(1_796_227_571_999);
+        let c = UNIX_EPOCH + Duration::from_millis(1_796_227_572_000);
+        assert_eq!(timestamp(a).as_str(), "2026-12-02T16:06:11.007Z");
+        assert_eq!(timestamp(b).as_str(), "2026-12-02T16:06:11.999Z");
+        assert_eq!(timestamp(c).as_str(), "2026-12-02T16:06:12.000Z");
+        assert_eq!(timestamp(a).as_str(), "2026-12-02T16:06:11.007Z");
+        let line = serde_json::to_string(&Record {
+            time: timestamp(c),
+            ..Record::default()
+        })
+        .unwrap();
+        assert!(
+            line.starts_with(r#"{"time":"2026-12-02T16:06:12.000Z","#),
+            "{line}"
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! hooks recorded in the context. Runs in `logging`, once per request.
 
 use super::{Gateway, RequestCtx};
-use crate::access_log::{rfc3339_millis, Record};
+use crate::access_log::{timestamp, Record};
+use http::HeaderName;
 use loopgate_policy::DenyCode;
 use pingora::Error;
 use pingora_proxy::Session;
@@ -11,7 +12,12 @@ use std::time::{Instant, SystemTime};
 /// Longest agent-supplied identifier kept in a log line.
 const MAX_ID: usize = 128;
 
-fn header<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
+// Pre-parsed names: a lookup by `&str` parses the name on every call.
+const TASK_ID: HeaderName = HeaderName::from_static("x-agent-task-id");
+const CALL_ID: HeaderName = HeaderName::from_static("x-agent-call-id");
+const TOOL_NAME: HeaderName = HeaderName::from_static("x-agent-tool-name");
+
+fn header<'a>(session: &'a Session, name: &HeaderName) -> Option<&'a str> {
     let v = session.req_header().headers.get(name)?.to_str().ok()?;
     Some(clip(v, MAX_ID))
 }
@@ -119,12 +125,12 @@ pub fn record(gw: &Gateway, session: &mut Session, _e: Option<&Error>, ctx: &mut
     });
     let req = session.req_header();
     let record = Record {
-        time: rfc3339_millis(SystemTime::now() - elapsed),
+        time: timestamp(SystemTime::now() - elapsed),
         request_id: &ctx.request_id,
         agent_id: ctx.agent.as_deref(),
-        task_id: header(session, "x-agent-task-id"),
-        call_id: header(session, "x-agent-call-id"),
-        tool_name: header(session, "x-agent-tool-name").or_else(|| {
+        task_id: header(session, &TASK_ID),
+        call_id: header(session, &CALL_ID),
+        tool_name: header(session, &TOOL_NAME).or_else(|| {
             super::tools::split(req.uri.path())
                 .map(|(tool, _)| clip(tool, MAX_ID))
                 .filter(|t| !t.is_empty())
