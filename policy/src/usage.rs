@@ -130,15 +130,19 @@ impl UsageScanner {
             }
             Mode::Sse => {
                 let mut rest = chunk;
-                while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+                while let Some(nl) = memchr::memchr(b'\n', rest) {
                     let (line, tail) = rest.split_at(nl);
                     rest = &tail[1..];
                     if self.kept.is_empty() {
                         self.sse_line(line);
                     } else if !self.overflow {
+                        // The line began in an earlier chunk; `kept` keeps
+                        // its allocation for the next split line.
                         let mut whole = std::mem::take(&mut self.kept);
                         whole.extend_from_slice(line);
                         self.sse_line(&whole);
+                        whole.clear();
+                        self.kept = whole;
                     } else {
                         self.kept.clear();
                         self.overflow = false;
@@ -180,11 +184,14 @@ impl UsageScanner {
     }
 
     fn sse_line(&mut self, line: &[u8]) {
+        // Built once: building a searcher per line cost more than the search.
+        static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"usage"));
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
         self.events += 1;
-        if !contains(data, b"usage") {
+        if USAGE_KEY.find(data).is_none() {
             return;
         }
         if let Ok(v) = serde_json::from_slice::<Carrier>(data.trim_ascii()) {
@@ -216,10 +223,6 @@ impl UsageScanner {
             }
         }
     }
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 #[cfg(test)]
