@@ -5,9 +5,13 @@
 //! Run: cargo bench -p loopgate-benches --bench hot_path
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use loopgate_benches::report_allocations;
 use loopgate_breaker::{fingerprint, BreakerConfig, BreakerSet, LoopConfig, Outcome};
 use loopgate_policy::{MemoryStore, SlotTake, StateStore, UsageScanner, WindowTake};
 use std::time::Duration;
+
+#[global_allocator]
+static ALLOC: loopgate_benches::CountingAlloc = loopgate_benches::CountingAlloc;
 
 fn bench(c: &mut Criterion) {
     let body: serde_json::Value = serde_json::json!({
@@ -21,6 +25,9 @@ fn bench(c: &mut Criterion) {
         "tools": [{"type": "function", "function": {"name": "get_order", "parameters": {"type": "object"}}}]
     });
     let cfg = LoopConfig::default();
+    report_allocations("fingerprint_request", 1000, || {
+        black_box(fingerprint("/v1/chat/completions", black_box(&body), &cfg));
+    });
     c.bench_function("fingerprint_request", |b| {
         b.iter(|| fingerprint("/v1/chat/completions", black_box(&body), &cfg))
     });
@@ -28,22 +35,30 @@ fn bench(c: &mut Criterion) {
     let set = BreakerSet::new();
     let bcfg = BreakerConfig::default();
     let mut now = Duration::from_secs(1);
+    let mut acquire_and_record = || {
+        now += Duration::from_micros(10);
+        let (t, _) = set.acquire("openai", &bcfg, now).unwrap();
+        set.record(
+            "openai",
+            t.unwrap(),
+            Outcome::Success,
+            Some(Duration::from_millis(5)),
+            now,
+        )
+        .unwrap()
+    };
+    report_allocations("breaker_acquire_and_record", 1000, || {
+        black_box(acquire_and_record());
+    });
     c.bench_function("breaker_acquire_and_record", |b| {
-        b.iter(|| {
-            now += Duration::from_micros(10);
-            let (t, _) = set.acquire("openai", &bcfg, now).unwrap();
-            set.record(
-                "openai",
-                t.unwrap(),
-                Outcome::Success,
-                Some(Duration::from_millis(5)),
-                now,
-            )
-            .unwrap()
-        })
+        b.iter(&mut acquire_and_record)
     });
 
     let chunk = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"finish_reason\":null}]}\n\n";
+    let mut scanner = UsageScanner::for_content_type(Some("text/event-stream"));
+    report_allocations("sse_usage_scan/per_chunk", 1000, || {
+        scanner.feed(black_box(chunk.as_bytes()))
+    });
     let mut g = c.benchmark_group("sse_usage_scan");
     g.throughput(Throughput::Bytes(chunk.len() as u64));
     g.bench_function("per_chunk", |b| {
@@ -79,16 +94,18 @@ fn bench(c: &mut Criterion) {
         enforce: true,
     }];
     let mut t = Duration::from_secs(1);
-    c.bench_function("store_admit_and_release", |b| {
-        b.iter(|| {
-            t += Duration::from_millis(1);
-            rt.block_on(async {
-                let out = store.admit(t, &windows, &slots).await.unwrap();
-                if let loopgate_policy::AdmitOutcome::Taken { lease, .. } = out {
-                    store.release(&lease).await.unwrap();
-                }
-            })
+    let mut admit_and_release = || {
+        t += Duration::from_millis(1);
+        rt.block_on(async {
+            let out = store.admit(t, &windows, &slots).await.unwrap();
+            if let loopgate_policy::AdmitOutcome::Taken { lease, .. } = out {
+                store.release(&lease).await.unwrap();
+            }
         })
+    };
+    report_allocations("store_admit_and_release", 1000, &mut admit_and_release);
+    c.bench_function("store_admit_and_release", |b| {
+        b.iter(&mut admit_and_release)
     });
 }
 

@@ -5,3 +5,54 @@
 //! - `compare`: wrk comparison against nginx and bare Pingora.
 //! - `streams`: many concurrent SSE streams, bytes and RSS per stream.
 //! - `quick-wrk.sh`: direct vs the demo gateway.
+//!
+//! The criterion benches also print allocations per call of each piece,
+//! counted by [`CountingAlloc`] (set as their global allocator).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting allocations (reallocations included: a
+/// growing buffer is work the hot path does too).
+pub struct CountingAlloc;
+
+// SAFETY: forwards every call unchanged to `System`; the counter is a
+// relaxed atomic with no effect on the memory handed out.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// Average allocations per call of `f` over `calls` calls (after one
+/// warm-up call, so lazily built state is not counted).
+pub fn allocations_per_call(calls: u64, mut f: impl FnMut()) -> f64 {
+    f();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..calls {
+        f();
+    }
+    (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / calls as f64
+}
+
+/// Prints one "allocations per call" line, in the bench's output.
+pub fn report_allocations(name: &str, calls: u64, f: impl FnMut()) {
+    println!(
+        "allocations per call: {name:<40} {:>6.1}",
+        allocations_per_call(calls, f)
+    );
+}

@@ -8,6 +8,9 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use loopgate_policy::{inspect_body, AgentRules, Endpoint, PatternList, PhraseMatcher, Verdict};
 use std::sync::Arc;
 
+#[global_allocator]
+static ALLOC: loopgate_benches::CountingAlloc = loopgate_benches::CountingAlloc;
+
 /// A typical chat request: a system prompt, a few turns, two tools (~2 KB).
 fn typical_body() -> Vec<u8> {
     let turn = "Could you look up the order status for customer 4411 and summarise the last three \
@@ -76,6 +79,13 @@ fn bench(c: &mut Criterion) {
     for n in [10, 1000] {
         let r = rules(n);
         assert!(evaluate(&r, &body).would_deny.is_none());
+        loopgate_benches::report_allocations(
+            &format!("evaluate_typical_request/{n}_phrases"),
+            1000,
+            || {
+                black_box(evaluate(&r, black_box(&body)));
+            },
+        );
         g.bench_function(format!("{n}_phrases"), |b| {
             b.iter(|| evaluate(&r, black_box(&body)))
         });
