@@ -69,41 +69,117 @@ impl Default for LoopConfig {
 }
 
 /// The fingerprint of a request to `endpoint` with JSON `body`.
+///
+/// The canonical form is written straight into the hasher, never built as
+/// a second JSON tree: it is the serialisation of `{"endpoint": endpoint,
+/// ...body}` with ignored keys dropped at every depth, keys sorted, runs of
+/// whitespace in strings collapsed and only the last `last_turns` messages.
 pub fn fingerprint(endpoint: &str, body: &Value, cfg: &LoopConfig) -> Fingerprint {
-    let mut meaningful = serde_json::Map::new();
-    meaningful.insert("endpoint".into(), Value::String(endpoint.into()));
+    let ignored = |k: &str| cfg.ignore_fields.iter().any(|f| f == k);
+    let endpoint = Value::String(endpoint.to_string());
+    // Top level: the body's keys plus `endpoint` (a body key of that name
+    // wins), sorted as serde_json's map sorts them.
+    let mut top: Vec<(&str, &Value)> = Vec::new();
+    if !ignored("endpoint") {
+        top.push(("endpoint", &endpoint));
+    }
     if let Value::Object(map) = body {
         for (k, v) in map {
-            if cfg.ignore_fields.iter().any(|f| f == k) {
+            if ignored(k) {
                 continue;
             }
-            let v = match (k.as_str(), v) {
-                ("messages", Value::Array(msgs)) => {
-                    let skip = msgs.len().saturating_sub(cfg.last_turns);
-                    Value::Array(msgs[skip..].to_vec())
-                }
-                _ => v.clone(),
-            };
-            meaningful.insert(k.clone(), v);
+            if k == "endpoint" {
+                top.retain(|(key, _)| *key != "endpoint");
+            }
+            top.push((k.as_str(), v));
         }
     }
-    let canonical = canonicalize(Value::Object(meaningful), &cfg.ignore_fields);
-    // serde_json's map is ordered by key (no preserve_order): sorted output.
-    let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
-    Sha256::digest(&bytes).into()
+    top.sort_by(|a, b| a.0.cmp(b.0));
+    let mut h = Canonical {
+        hash: Sha256::new(),
+        text: String::new(),
+    };
+    h.put(b"{");
+    for (i, (k, v)) in top.iter().enumerate() {
+        if i > 0 {
+            h.put(b",");
+        }
+        h.string(k);
+        h.put(b":");
+        match (*k, v) {
+            ("messages", Value::Array(msgs)) => {
+                let skip = msgs.len().saturating_sub(cfg.last_turns);
+                h.array(&msgs[skip..], &ignored);
+            }
+            _ => h.value(v, &ignored),
+        }
+    }
+    h.put(b"}");
+    h.hash.finalize().into()
 }
 
-fn canonicalize(v: Value, ignore: &[String]) -> Value {
-    match v {
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .filter(|(k, _)| !ignore.iter().any(|f| f == k))
-                .map(|(k, v)| (k, canonicalize(v, ignore)))
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.into_iter().map(|v| canonicalize(v, ignore)).collect()),
-        Value::String(s) => Value::String(s.split_whitespace().collect::<Vec<_>>().join(" ")),
-        other => other,
+/// Writes canonical JSON into a running SHA-256.
+struct Canonical {
+    hash: Sha256,
+    /// Reused for whitespace-collapsed strings.
+    text: String,
+}
+
+impl Canonical {
+    fn put(&mut self, bytes: &[u8]) {
+        self.hash.update(bytes);
+    }
+
+    /// A JSON string as serde_json escapes it.
+    fn string(&mut self, s: &str) {
+        let _ = serde_json::to_writer(&mut self.hash, s);
+    }
+
+    fn value(&mut self, v: &Value, ignored: &impl Fn(&str) -> bool) {
+        match v {
+            Value::Object(map) => {
+                // serde_json's map iterates in key order (no preserve_order).
+                self.put(b"{");
+                let mut first = true;
+                for (k, v) in map.iter().filter(|(k, _)| !ignored(k)) {
+                    if !first {
+                        self.put(b",");
+                    }
+                    first = false;
+                    self.string(k);
+                    self.put(b":");
+                    self.value(v, ignored);
+                }
+                self.put(b"}");
+            }
+            Value::Array(a) => self.array(a, ignored),
+            Value::String(s) => {
+                let mut text = std::mem::take(&mut self.text);
+                text.clear();
+                for (i, word) in s.split_whitespace().enumerate() {
+                    if i > 0 {
+                        text.push(' ');
+                    }
+                    text.push_str(word);
+                }
+                self.string(&text);
+                self.text = text;
+            }
+            other => {
+                let _ = serde_json::to_writer(&mut self.hash, other);
+            }
+        }
+    }
+
+    fn array(&mut self, a: &[Value], ignored: &impl Fn(&str) -> bool) {
+        self.put(b"[");
+        for (i, v) in a.iter().enumerate() {
+            if i > 0 {
+                self.put(b",");
+            }
+            self.value(v, ignored);
+        }
+        self.put(b"]");
     }
 }
 
@@ -295,7 +371,97 @@ fn hex8(fp: &Fingerprint) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
+
+    /// The fingerprint as first written: build the canonical tree, then
+    /// serialise it. `fingerprint` must hash exactly the same bytes (rings
+    /// shared through Redis hold fingerprints from every instance).
+    fn reference(endpoint: &str, body: &Value, cfg: &LoopConfig) -> Fingerprint {
+        fn canonicalize(v: Value, ignore: &[String]) -> Value {
+            match v {
+                Value::Object(map) => Value::Object(
+                    map.into_iter()
+                        .filter(|(k, _)| !ignore.iter().any(|f| f == k))
+                        .map(|(k, v)| (k, canonicalize(v, ignore)))
+                        .collect(),
+                ),
+                Value::Array(a) => {
+                    Value::Array(a.into_iter().map(|v| canonicalize(v, ignore)).collect())
+                }
+                Value::String(s) => {
+                    Value::String(s.split_whitespace().collect::<Vec<_>>().join(" "))
+                }
+                other => other,
+            }
+        }
+        let mut meaningful = serde_json::Map::new();
+        meaningful.insert("endpoint".into(), Value::String(endpoint.into()));
+        if let Value::Object(map) = body {
+            for (k, v) in map {
+                if cfg.ignore_fields.iter().any(|f| f == k) {
+                    continue;
+                }
+                let v = match (k.as_str(), v) {
+                    ("messages", Value::Array(msgs)) => {
+                        let skip = msgs.len().saturating_sub(cfg.last_turns);
+                        Value::Array(msgs[skip..].to_vec())
+                    }
+                    _ => v.clone(),
+                };
+                meaningful.insert(k.clone(), v);
+            }
+        }
+        let canonical = canonicalize(Value::Object(meaningful), &cfg.ignore_fields);
+        Sha256::digest(serde_json::to_vec(&canonical).unwrap()).into()
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let key = prop::sample::select(vec![
+            "model", "messages", "user", "content", "role", "endpoint", "a b", "é\"q", "seed",
+            "tools",
+        ]);
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            (-1e6f64..1e6).prop_map(|f| json!(f)),
+            "[ a-z\\t\\n\"\\\\é]{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::vec((key.clone(), inner), 0..6).prop_map(|kv| {
+                    Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+                }),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn streamed_fingerprint_hashes_the_reference_bytes(body in json_value(), turns in 0usize..4) {
+            let cfg = LoopConfig { last_turns: turns, ..LoopConfig::default() };
+            prop_assert_eq!(
+                fingerprint("/v1/chat/completions", &body, &cfg),
+                reference("/v1/chat/completions", &body, &cfg)
+            );
+        }
+    }
+
+    #[test]
+    fn endpoint_key_rules_match_the_reference() {
+        let mut cfg = LoopConfig::default();
+        let body = json!({"endpoint": "x", "model": "m"});
+        assert_eq!(fingerprint("/e", &body, &cfg), reference("/e", &body, &cfg));
+        cfg.ignore_fields.push("endpoint".into());
+        assert_eq!(fingerprint("/e", &body, &cfg), reference("/e", &body, &cfg));
+        let not_object = json!([1, 2]);
+        assert_eq!(
+            fingerprint("/e", &not_object, &cfg),
+            reference("/e", &not_object, &cfg)
+        );
+    }
 
     const S: Duration = Duration::from_secs(1);
 
