@@ -9,32 +9,34 @@
 //! The criterion benches also print allocations per call of each piece,
 //! counted by [`CountingAlloc`] (set as their global allocator).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use mimalloc::MiMalloc;
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
-/// The system allocator, counting allocations (reallocations included: a
-/// growing buffer is work the hot path does too).
+/// The gateway's allocator (mimalloc), counting allocations (reallocations
+/// included: a growing buffer is work the hot path does too), so the
+/// criterion timings are taken on the allocator `loopgate` runs on.
 pub struct CountingAlloc;
 
-// SAFETY: forwards every call unchanged to `System`; the counter is a
+// SAFETY: forwards every call unchanged to `MiMalloc`; the counter is a
 // relaxed atomic with no effect on the memory handed out.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
+        unsafe { MiMalloc.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc_zeroed(layout) }
+        unsafe { MiMalloc.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { MiMalloc.realloc(ptr, layout, new_size) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { MiMalloc.dealloc(ptr, layout) }
     }
 }
 

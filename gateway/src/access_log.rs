@@ -162,6 +162,8 @@ pub struct Record<'a> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Timestamp([u8; 24]);
 
+const EPOCH: &[u8; 24] = b"1970-01-01T00:00:00.000Z";
+
 impl Timestamp {
     pub fn as_str(&self) -> &str {
         // Only ASCII digits and separators are ever written.
@@ -171,7 +173,7 @@ impl Timestamp {
 
 impl Default for Timestamp {
     fn default() -> Self {
-        Timestamp(*b"1970-01-01T00:00:00.000Z")
+        Timestamp(*EPOCH)
     }
 }
 
@@ -191,7 +193,7 @@ thread_local! {
     /// The last second formatted on this thread: the date and time of day
     /// change once a second, the milliseconds on every line.
     static LAST_SECOND: std::cell::Cell<(u64, Timestamp)> =
-        const { std::cell::Cell::new((u64::MAX, Timestamp(*b"1970-01-01T00:00:00.000Z"))) };
+        const { std::cell::Cell::new((u64::MAX, Timestamp(*EPOCH))) };
 }
 
 /// `t` as an RFC 3339 UTC timestamp with milliseconds.
@@ -223,7 +225,7 @@ fn format_second(secs: u64) -> Timestamp {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = (yoe + era * 400 + i64::from(month <= 2)).clamp(0, 9999) as u64;
-    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut out = *EPOCH;
     let mut put = |at: usize, width: usize, mut v: u64| {
         for i in (at..at + width).rev() {
             out[i] = b'0' + (v % 10) as u8;

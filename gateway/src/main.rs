@@ -17,6 +17,10 @@ mod server;
 mod shared;
 
 use clap::{Parser, Subcommand};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 /// mimalloc instead of glibc's malloc: the proxy allocates and frees many
 /// small, short-lived buffers per request (headers, bodies, log lines), and
@@ -26,11 +30,6 @@ use clap::{Parser, Subcommand};
 /// arenas held ~190 KB per stream in `benches/streams` instead of ~70).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-use std::io::{Read, Write};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(name = "loopgate", version, about = "A fail-closed AI agent gateway")]
