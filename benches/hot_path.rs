@@ -1,6 +1,7 @@
 //! Criterion: the hot-path pieces besides policy evaluation (see
-//! `policy.rs`): request fingerprinting, a breaker check and record, SSE
-//! usage scanning per chunk, and admitting through the memory store.
+//! `policy.rs`): request fingerprinting, a breaker check and record, usage
+//! scanning (SSE per chunk, a whole JSON response), and admitting through
+//! the memory store.
 //!
 //! Run: cargo bench -p loopgate-benches --bench hot_path
 
@@ -65,6 +66,21 @@ fn bench(c: &mut Criterion) {
         let mut s = UsageScanner::for_content_type(Some("text/event-stream"));
         b.iter(|| s.feed(black_box(chunk.as_bytes())))
     });
+    g.finish();
+
+    // A whole non-streaming response, as the mock provider answers.
+    let response = br#"{"id":"chatcmpl-loopgate-mock","object":"chat.completion","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"mock reply: Summarise the last three support tickets for customer 4411. The first ticket was about a late delivery; the second about a refund; the third about a login problem."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":42,"total_tokens":73}}"#;
+    let mut scan_response = || {
+        let mut s = UsageScanner::for_content_type(Some("application/json"));
+        s.feed(black_box(response));
+        s.finish()
+    };
+    report_allocations("json_usage_scan/response", 1000, || {
+        black_box(scan_response());
+    });
+    let mut g = c.benchmark_group("json_usage_scan");
+    g.throughput(Throughput::Bytes(response.len() as u64));
+    g.bench_function("response", |b| b.iter(&mut scan_response));
     g.finish();
 
     let store = MemoryStore::new();

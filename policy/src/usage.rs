@@ -11,54 +11,125 @@
 //! `message_start` and the cumulative `usage` of `message_delta`, and the
 //! Responses API's `response.usage.{input,output}_tokens`.
 
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use std::fmt;
+use std::marker::PhantomData;
 
 // Typed views of the fields that carry usage: everything else in a response
 // is skipped by serde without building a tree (the response may be large).
 #[derive(Deserialize)]
 struct Carrier {
     #[serde(default)]
-    usage: Option<LenientUsage>,
+    usage: IfObject<UsageFields>,
     #[serde(default)]
-    message: Option<Lenient>,
+    message: IfObject<Wrapper>,
     #[serde(default)]
-    response: Option<Lenient>,
-}
-
-/// A field that is usually an object with `usage`, but may be anything
-/// else (an error's `message` string): never fail the whole parse on it.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Lenient {
-    Obj(Wrapper),
-    #[allow(dead_code)]
-    Other(serde::de::IgnoredAny),
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum LenientUsage {
-    Obj(UsageFields),
-    #[allow(dead_code)]
-    Other(serde::de::IgnoredAny),
+    response: IfObject<Wrapper>,
 }
 
 #[derive(Deserialize)]
 struct Wrapper {
     #[serde(default)]
-    usage: Option<UsageFields>,
+    usage: IfObject<UsageFields>,
 }
 
 #[derive(Deserialize)]
 struct UsageFields {
     #[serde(default)]
-    prompt_tokens: Option<u64>,
+    prompt_tokens: Count,
     #[serde(default)]
-    completion_tokens: Option<u64>,
+    completion_tokens: Count,
     #[serde(default)]
-    input_tokens: Option<u64>,
+    input_tokens: Count,
     #[serde(default)]
-    output_tokens: Option<u64>,
+    output_tokens: Count,
+}
+
+/// `Some` when the field is an object, `None` when it is anything else (an
+/// error's `message` string, a `usage: null`): odd shapes are skipped,
+/// never fatal. Read in one pass: serde's untagged enums, which did this
+/// before, buffer the value first and allocated on every response.
+struct IfObject<T>(Option<T>);
+
+impl<T> Default for IfObject<T> {
+    fn default() -> Self {
+        IfObject(None)
+    }
+}
+
+/// A token count: a non-negative integer, else unknown.
+#[derive(Default)]
+struct Count(Option<u64>);
+
+/// How a lenient field reads the JSON value it meets; whatever it does not
+/// take is consumed and read as "not there" (the default).
+trait Lenient<'de>: Default {
+    fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Self::default())
+    }
+    fn from_u64(_: u64) -> Self {
+        Self::default()
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Lenient<'de> for IfObject<T> {
+    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+        T::deserialize(de::value::MapAccessDeserializer::new(map)).map(|t| IfObject(Some(t)))
+    }
+}
+
+impl<'de> Lenient<'de> for Count {
+    fn from_u64(n: u64) -> Self {
+        Count(Some(n))
+    }
+}
+
+struct LenientVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Lenient<'de>> Visitor<'de> for LenientVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::from_map(map)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<T, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(T::default())
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<T, E> {
+        Ok(T::from_u64(n))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<T, E> {
+        Ok(u64::try_from(n).map_or_else(|_| T::default(), T::from_u64))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<T, E> {
+        Ok(T::default())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<T, E> {
+        Ok(T::default())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<T, E> {
+        Ok(T::default())
+    }
+    fn visit_unit<E>(self) -> Result<T, E> {
+        Ok(T::default())
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for IfObject<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(LenientVisitor(PhantomData))
+    }
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(LenientVisitor(PhantomData))
+    }
 }
 
 /// Tokens a provider reported for one exchange.
@@ -98,10 +169,14 @@ pub struct UsageScanner {
 impl UsageScanner {
     /// A scanner for a response with this `Content-Type`.
     pub fn for_content_type(content_type: Option<&str>) -> UsageScanner {
-        let ct = content_type.unwrap_or("").to_ascii_lowercase();
-        let mode = if ct.starts_with("text/event-stream") {
+        let ct = content_type.unwrap_or("").as_bytes();
+        let is = |prefix: &str| {
+            ct.get(..prefix.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(prefix.as_bytes()))
+        };
+        let mode = if is("text/event-stream") {
             Mode::Sse
-        } else if ct.starts_with("application/json") {
+        } else if is("application/json") {
             Mode::Json
         } else {
             Mode::Off
@@ -200,25 +275,17 @@ impl UsageScanner {
     }
 
     fn absorb(&mut self, v: &Carrier) {
-        // (see `Lenient`: odd shapes are skipped, never fatal)
-        fn nested(w: &Option<Lenient>) -> Option<&UsageFields> {
-            match w {
-                Some(Lenient::Obj(w)) => w.usage.as_ref(),
-                _ => None,
-            }
+        fn nested(w: &IfObject<Wrapper>) -> Option<&UsageFields> {
+            w.0.as_ref().and_then(|w| w.usage.0.as_ref())
         }
-        let top = match &v.usage {
-            Some(LenientUsage::Obj(u)) => Some(u),
-            _ => None,
-        };
-        for u in [top, nested(&v.message), nested(&v.response)]
+        for u in [v.usage.0.as_ref(), nested(&v.message), nested(&v.response)]
             .into_iter()
             .flatten()
         {
-            if let Some(i) = u.prompt_tokens.or(u.input_tokens) {
+            if let Some(i) = u.prompt_tokens.0.or(u.input_tokens.0) {
                 self.input = Some(i);
             }
-            if let Some(o) = u.completion_tokens.or(u.output_tokens) {
+            if let Some(o) = u.completion_tokens.0.or(u.output_tokens.0) {
                 self.output = Some(o);
             }
         }
@@ -308,6 +375,43 @@ mod tests {
         assert_eq!(
             scan_in_pieces("text/event-stream", b"data: {\"usage\": nope}\n\n", 3),
             None
+        );
+    }
+
+    #[test]
+    fn odd_shapes_are_skipped_not_fatal() {
+        let json = |body: &str| scan_in_pieces("application/json", body.as_bytes(), 7);
+        // An error's `message` is a string; the usage beside it still counts.
+        assert_eq!(
+            json(r#"{"message":"overloaded","usage":{"prompt_tokens":5,"completion_tokens":1}}"#),
+            Some(Usage {
+                input_tokens: 5,
+                output_tokens: 1
+            })
+        );
+        for odd in [
+            r#"{"usage":null}"#,
+            r#"{"usage":[1,2,{"prompt_tokens":3}]}"#,
+            r#"{"usage":"12 tokens","message":[{"usage":{"input_tokens":4}}]}"#,
+            r#"{"usage":{"prompt_tokens":"12","completion_tokens":-3,"input_tokens":1.5}}"#,
+            r#"{"response":true,"message":{"usage":7}}"#,
+        ] {
+            assert_eq!(json(odd), None, "{odd}");
+        }
+        // One unreadable count does not hide the other.
+        assert_eq!(
+            json(r#"{"usage":{"prompt_tokens":"12","completion_tokens":9,"extra":{"a":[1]}}}"#),
+            Some(Usage {
+                input_tokens: 0,
+                output_tokens: 9
+            })
+        );
+        assert_eq!(
+            json(r#"{"response":{"usage":{"input_tokens":2,"output_tokens":3}},"usage":{}}"#),
+            Some(Usage {
+                input_tokens: 2,
+                output_tokens: 3
+            })
         );
     }
 
