@@ -320,8 +320,16 @@ fn unreachable_provider_is_502_and_slow_provider_is_504() {
 
 #[test]
 fn upstream_connections_are_reused() {
-    let mock = Mock::start();
-    let gw = Gateway::start_default(&mock);
+    // Two threads: a work-stealing runtime. One thread: a single-threaded
+    // runtime (see server.rs); both must keep one pool.
+    for threads in ["threads: 2", "threads: 1"] {
+        let mock = Mock::start();
+        let gw = Gateway::start(&default_config(&mock).replace("threads: 2", threads));
+        assert_upstream_reuse(&mock, &gw, threads);
+    }
+}
+
+fn assert_upstream_reuse(mock: &Mock, gw: &Gateway, threads: &str) {
     for _ in 0..20 {
         let r = curl(&[
             &gw.url("/v1/chat/completions"),
@@ -336,7 +344,10 @@ fn upstream_connections_are_reused() {
     // keeps a pool. The mock counts the connections it accepted.
     let r = curl(&[&format!("{}/_mock/stats", mock.url())]);
     let conns = r.json()["connections"].as_u64().unwrap();
-    assert!(conns <= 4, "20 requests used {conns} upstream connections");
+    assert!(
+        conns <= 4,
+        "{threads}: 20 requests used {conns} upstream connections"
+    );
 }
 
 #[test]
