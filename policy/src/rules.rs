@@ -145,6 +145,9 @@ impl Verdict {
     }
 }
 
+/// Key suffixes of the per-minute windows.
+const RPM: &str = ":rpm";
+const TPM: &str = ":tpm";
 const MINUTE: Duration = Duration::from_secs(60);
 
 impl AgentRules {
@@ -292,7 +295,7 @@ impl AgentRules {
                 Ok(LimitsTaken {
                     settle_keys: windows
                         .iter()
-                        .filter(|w| w.key != self.rpm_key())
+                        .filter(|w| !self.is_key(&w.key, RPM))
                         .map(|w| w.key.clone())
                         .collect(),
                     lease,
@@ -312,7 +315,8 @@ impl AgentRules {
     pub fn limit_takes(&self, req: &LimitRequest<'_>) -> (Vec<WindowTake>, Vec<SlotTake>) {
         let estimated_tokens = req.estimated_prompt;
         let reserve = estimated_tokens + req.max_tokens.unwrap_or(self.budgets.default_max_tokens);
-        let mut windows = Vec::new();
+        // At most four of ours, plus the tool limits the caller adds.
+        let mut windows = Vec::with_capacity(4 + req.extra.len());
         if let Some(limit) = self.limits.requests_per_minute {
             windows.push(WindowTake {
                 key: self.rpm_key(),
@@ -334,7 +338,7 @@ impl AgentRules {
         let budget_enforced = !self.is_dry_run(DenyCode::BudgetExceeded);
         if let Some(limit) = self.budgets.daily_tokens {
             windows.push(WindowTake {
-                key: format!("{}:budget:day", self.name),
+                key: self.key(":budget:day"),
                 limit,
                 window: DAY,
                 cost: reserve,
@@ -355,7 +359,7 @@ impl AgentRules {
             .limits
             .max_in_flight
             .map(|limit| SlotTake {
-                key: format!("{}:inflight", self.name),
+                key: self.key(":inflight"),
                 limit,
                 enforce: !self.is_dry_run(DenyCode::TooManyInFlight),
             })
@@ -365,11 +369,25 @@ impl AgentRules {
     }
 
     pub fn rpm_key(&self) -> String {
-        format!("{}:rpm", self.name)
+        self.key(RPM)
     }
 
     pub fn tpm_key(&self) -> String {
-        format!("{}:tpm", self.name)
+        self.key(TPM)
+    }
+
+    /// This agent's state key with `suffix` (one allocation, no formatting:
+    /// built on every request).
+    fn key(&self, suffix: &str) -> String {
+        let mut k = String::with_capacity(self.name.len() + suffix.len());
+        k.push_str(&self.name);
+        k.push_str(suffix);
+        k
+    }
+
+    /// Whether `key` is this agent's key with `suffix`, without building it.
+    fn is_key(&self, key: &str, suffix: &str) -> bool {
+        key.strip_prefix(&*self.name) == Some(suffix)
     }
 
     /// The denial for a store refusal of the takes from [`Self::limit_takes`].
@@ -413,7 +431,7 @@ impl AgentRules {
             }
             Refusal::Window { index, retry_after } => {
                 let w = &windows[*index];
-                let what = if w.key == self.tpm_key() {
+                let what = if self.is_key(&w.key, TPM) {
                     "tokens"
                 } else {
                     "requests"
