@@ -73,11 +73,12 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
         graceful_shutdown_timeout_seconds: Some(5),
         upstream_keepalive_pool_size: 1024,
         // One thread needs no work stealing: a single-threaded runtime skips
-        // the multi-threaded scheduler's queues and wakeups (benches/compare:
-        // ~15% less CPU per request at `threads: 1`). With more threads we
-        // keep stealing: without it Pingora 0.9's upstream pool fails to
-        // hand over ~0.7% of idle connections across runtimes (a race in
-        // `reused_stream`), and a lost connection is a new TLS handshake.
+        // the multi-threaded scheduler's queues and wakeups (interleaved wrk
+        // runs: ~15% less CPU per request at `threads: 1`). With more
+        // threads we keep stealing: without it Pingora 0.9's upstream pool
+        // fails to hand over ~0.7% of idle connections across runtimes (a
+        // race in `reused_stream`), and a lost connection is a new TLS
+        // handshake.
         work_stealing: threads > 1,
         ..ServerConf::default()
     };
