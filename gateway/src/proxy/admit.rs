@@ -293,9 +293,12 @@ pub async fn admit(
     ))
 }
 
+/// The header that names an agent's task.
+pub const TASK_ID_HEADER: http::HeaderName = http::HeaderName::from_static("x-agent-task-id");
+
 /// The task id the agent sent (`x-agent-task-id`), when it is a sane token.
 pub fn task_id(session: &Session) -> Option<&str> {
-    let v = session.req_header().headers.get("x-agent-task-id")?;
+    let v = session.req_header().headers.get(&TASK_ID_HEADER)?;
     super::ids::RequestIds::accept(v.as_bytes())
 }
 

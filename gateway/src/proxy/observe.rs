@@ -13,7 +13,6 @@ use std::time::{Instant, SystemTime};
 const MAX_ID: usize = 128;
 
 // Pre-parsed names: a lookup by `&str` parses the name on every call.
-const TASK_ID: HeaderName = HeaderName::from_static("x-agent-task-id");
 const CALL_ID: HeaderName = HeaderName::from_static("x-agent-call-id");
 const TOOL_NAME: HeaderName = HeaderName::from_static("x-agent-tool-name");
 
@@ -128,7 +127,7 @@ pub fn record(gw: &Gateway, session: &mut Session, _e: Option<&Error>, ctx: &mut
         time: timestamp(SystemTime::now() - elapsed),
         request_id: &ctx.request_id,
         agent_id: ctx.agent.as_deref(),
-        task_id: header(session, &TASK_ID),
+        task_id: header(session, &super::admit::TASK_ID_HEADER),
         call_id: header(session, &CALL_ID),
         tool_name: header(session, &TOOL_NAME).or_else(|| {
             super::tools::split(req.uri.path())
