@@ -99,22 +99,13 @@ pub fn fingerprint(endpoint: &str, body: &Value, cfg: &LoopConfig) -> Fingerprin
         hash: Sha256::new(),
         text: String::new(),
     };
-    h.put(b"{");
-    for (i, (k, v)) in top.iter().enumerate() {
-        if i > 0 {
-            h.put(b",");
+    h.object(top.into_iter(), |h, k, v| match (k, v) {
+        ("messages", Value::Array(msgs)) => {
+            let skip = msgs.len().saturating_sub(cfg.last_turns);
+            h.array(&msgs[skip..], &ignored);
         }
-        h.string(k);
-        h.put(b":");
-        match (*k, v) {
-            ("messages", Value::Array(msgs)) => {
-                let skip = msgs.len().saturating_sub(cfg.last_turns);
-                h.array(&msgs[skip..], &ignored);
-            }
-            _ => h.value(v, &ignored),
-        }
-    }
-    h.put(b"}");
+        _ => h.value(v, &ignored),
+    });
     h.hash.finalize().into()
 }
 
@@ -137,21 +128,13 @@ impl Canonical {
 
     fn value(&mut self, v: &Value, ignored: &impl Fn(&str) -> bool) {
         match v {
-            Value::Object(map) => {
-                // serde_json's map iterates in key order (no preserve_order).
-                self.put(b"{");
-                let mut first = true;
-                for (k, v) in map.iter().filter(|(k, _)| !ignored(k)) {
-                    if !first {
-                        self.put(b",");
-                    }
-                    first = false;
-                    self.string(k);
-                    self.put(b":");
-                    self.value(v, ignored);
-                }
-                self.put(b"}");
-            }
+            // serde_json's map iterates in key order (no preserve_order).
+            Value::Object(map) => self.object(
+                map.iter()
+                    .filter(|(k, _)| !ignored(k))
+                    .map(|(k, v)| (k.as_str(), v)),
+                |h, _, v| h.value(v, ignored),
+            ),
             Value::Array(a) => self.array(a, ignored),
             Value::String(s) => {
                 let mut text = std::mem::take(&mut self.text);
@@ -169,6 +152,25 @@ impl Canonical {
                 let _ = serde_json::to_writer(&mut self.hash, other);
             }
         }
+    }
+
+    /// An object of `entries` (already in key order, ignored keys already
+    /// dropped), each value written by `value`.
+    fn object<'v>(
+        &mut self,
+        entries: impl Iterator<Item = (&'v str, &'v Value)>,
+        mut value: impl FnMut(&mut Self, &str, &Value),
+    ) {
+        self.put(b"{");
+        for (i, (k, v)) in entries.enumerate() {
+            if i > 0 {
+                self.put(b",");
+            }
+            self.string(k);
+            self.put(b":");
+            value(self, k, v);
+        }
+        self.put(b"}");
     }
 
     fn array(&mut self, a: &[Value], ignored: &impl Fn(&str) -> bool) {
