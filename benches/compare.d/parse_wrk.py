@@ -1,9 +1,12 @@
 """Reads wrk --latency output on stdin; prints one TSV row:
-kind, target, requests, rps, p50_ms, p99_ms, cpu_s_per_10k, peak_rss_kb, errors."""
+kind, target, requests, rps, p50_ms, p99_ms, cpu_s_per_10k, user_s_per_10k,
+sys_s_per_10k, peak_rss_kb, errors. CPU is the proxy process's utime and
+stime over the run (clock ticks), per 10,000 completed requests."""
 import re
 import sys
 
-kind, target, ticks, rss, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+kind, target = sys.argv[1], sys.argv[2]
+user, system, rss, hz = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
 text = sys.stdin.read()
 
 
@@ -22,5 +25,11 @@ m = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
 errors += int(m.group(1)) if m else 0
 m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
 errors += sum(int(x) for x in m.groups()) if m else 0
-cpu = ticks / hz / reqs * 10000 if reqs else 0.0
-print(f"{kind}\t{target}\t{reqs}\t{rps:.0f}\t{p50:.3f}\t{p99:.3f}\t{cpu:.3f}\t{rss}\t{errors}")
+
+
+def per_10k(ticks):
+    return ticks / hz / reqs * 10000 if reqs else 0.0
+
+
+print(f"{kind}\t{target}\t{reqs}\t{rps:.0f}\t{p50:.3f}\t{p99:.3f}\t{per_10k(user + system):.3f}"
+      f"\t{per_10k(user):.3f}\t{per_10k(system):.3f}\t{rss}\t{errors}")
