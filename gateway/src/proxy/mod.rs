@@ -583,13 +583,16 @@ const TOTAL_TIMEOUT: ErrorType = ErrorType::Custom("total_timeout");
 
 #[async_trait]
 impl ProxyHttp for Gateway {
-    type CTX = RequestCtx;
+    /// Boxed: Pingora keeps the context inline in its per-request future,
+    /// whose layout holds it more than once, so a held stream paid for the
+    /// ~1 KB context about three times (heaptrack, benches/streams).
+    type CTX = Box<RequestCtx>;
 
-    fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::new()
+    fn new_ctx(&self) -> Box<RequestCtx> {
+        Box::new(RequestCtx::new())
     }
 
-    fn allow_spawning_subrequest(&self, session: &Session, _ctx: &RequestCtx) -> bool {
+    fn allow_spawning_subrequest(&self, session: &Session, _ctx: &Box<RequestCtx>) -> bool {
         // Only a main request forwards a large body; subrequests never nest.
         session.subrequest_ctx.is_none()
     }
@@ -597,7 +600,7 @@ impl ProxyHttp for Gateway {
     async fn request_filter(
         &self,
         session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<bool> {
         if let Some(sub) = session.subrequest_ctx.as_ref() {
             // A subrequest carrying a large body the main request admitted.
@@ -645,7 +648,7 @@ impl ProxyHttp for Gateway {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<Box<HttpPeer>> {
         let Some(adm) = ctx.admitted.clone() else {
             // Fail closed: nothing without an admission goes upstream.
@@ -790,7 +793,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         _peer: &HttpPeer,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
         mut e: Box<Error>,
     ) -> Box<Error> {
         let ge = map_transport_error(&e, &admission_provider(ctx));
@@ -804,7 +807,7 @@ impl ProxyHttp for Gateway {
         _peer: &HttpPeer,
         session: &mut Session,
         mut e: Box<Error>,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
         client_reused: bool,
     ) -> Box<Error> {
         if e.etype() == &FALLBACK {
@@ -868,7 +871,7 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         req: &mut RequestHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         let Some(att) = ctx.attempt.as_ref() else {
             return Err(Error::explain(ErrorType::InternalError, "no attempt"));
@@ -917,7 +920,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         // Our body for this attempt (renamed model, or the large-body
         // subrequest's judged bytes) replaces what Pingora replays. The
@@ -937,7 +940,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         resp: &mut ResponseHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         let status = resp.status.as_u16();
         let Some(att) = ctx.attempt.as_mut() else {
@@ -1011,7 +1014,7 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         resp: &mut ResponseHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         if ctx.forwarded_by_subrequest {
             return Ok(());
@@ -1070,7 +1073,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<Option<Duration>> {
         if let Some(rw) = ctx.mcp_rewriter.as_mut() {
             let chunk = body.take().unwrap_or_default();
@@ -1085,7 +1088,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<Option<Duration>> {
         if let Some(scanner) = ctx.usage_scanner.as_mut() {
             if let Some(b) = body {
@@ -1172,7 +1175,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         e: &Error,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> FailToProxy {
         let ge = ctx
             .pending_error
@@ -1212,7 +1215,7 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
         // An attempt still open here ended without a failure hook: the
         // exchange completed (or the agent left after it started).
         if ctx.attempt.is_some() {
