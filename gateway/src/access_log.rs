@@ -235,7 +235,18 @@ impl<'a> JsonObject<'a> {
     }
 
     fn str(&mut self, key: &str, v: &str) {
-        self.value(key, v);
+        // Ids, names and paths almost never need escaping: copied whole
+        // when no byte does (serde_json escapes only `"`, `\\` and controls
+        // below 0x20, and writes everything else, UTF-8 included, as is).
+        if v.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            self.key(key);
+            self.out.reserve(v.len() + 2);
+            self.out.push(b'"');
+            self.out.extend_from_slice(v.as_bytes());
+            self.out.push(b'"');
+        } else {
+            self.value(key, v);
+        }
     }
 
     fn opt_str(&mut self, key: &str, v: Option<&str>) {

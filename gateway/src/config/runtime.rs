@@ -383,6 +383,9 @@ pub struct Timeouts {
 #[derive(Debug)]
 pub struct Provider {
     pub name: String,
+    /// The name again, shared: breaker keys and `served_by` clone it per
+    /// request without copying.
+    pub shared_name: Arc<str>,
     pub kind: ProviderKind,
     pub tls: bool,
     pub host: String,
@@ -392,6 +395,12 @@ pub struct Provider {
     /// `Host` header value sent upstream.
     pub authority: String,
     pub api_key: Option<Secret>,
+    /// Header values sent on every request, built once at load: inserting
+    /// a `&str` copies it into a new allocation each time. The credential
+    /// value is marked sensitive (the `http` crate then never prints it).
+    pub authority_value: http::HeaderValue,
+    pub name_value: http::HeaderValue,
+    pub credential_value: Option<http::HeaderValue>,
     pub anthropic_version: String,
     pub timeouts: Timeouts,
     /// Resolved address: fixed for IP literals, refreshed in the background
@@ -438,13 +447,12 @@ impl Provider {
         if let Some((name, value)) = &self.custom_auth {
             req.insert_header(name.clone(), value.expose())?;
         }
-        if let Some(key) = &self.api_key {
-            match self.kind {
-                ProviderKind::Anthropic => req.insert_header("x-api-key", key.expose())?,
-                ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
-                    req.insert_header("authorization", format!("Bearer {}", key.expose()))?
-                }
-            }
+        if let Some(value) = &self.credential_value {
+            let name = match self.kind {
+                ProviderKind::Anthropic => "x-api-key",
+                ProviderKind::Openai | ProviderKind::OpenaiCompatible => "authorization",
+            };
+            req.insert_header(name, value.clone())?;
         }
         if self.kind == ProviderKind::Anthropic && !req.headers.contains_key("anthropic-version") {
             req.insert_header("anthropic-version", self.anthropic_version.as_str())?;
@@ -1346,12 +1354,48 @@ fn build_provider(
         return None;
     }
     let (tls, host, port, base_path, authority) = parts?;
+    let credential_value = match &api_key {
+        Some(key) => {
+            let raw = match p.kind {
+                ProviderKind::Anthropic => key.expose().to_string(),
+                ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
+                    format!("Bearer {}", key.expose())
+                }
+            };
+            match http::HeaderValue::from_str(&raw) {
+                Ok(mut v) => {
+                    v.set_sensitive(true);
+                    Some(v)
+                }
+                Err(_) => {
+                    // Names the variable, never the value.
+                    errs.push(
+                        format!("{at}.api_key_env"),
+                        "the key holds characters an HTTP header cannot carry",
+                    );
+                    return None;
+                }
+            }
+        }
+        None => None,
+    };
+    let (Ok(name_value), Ok(authority_value)) = (
+        http::HeaderValue::from_str(name),
+        http::HeaderValue::from_str(&authority),
+    ) else {
+        errs.push(
+            at,
+            "the name must be printable ASCII (it is sent in the x-loopgate-provider header)",
+        );
+        return None;
+    };
     let addr = host
         .parse::<IpAddr>()
         .ok()
         .map(|ip| Arc::new(SocketAddr::new(ip, port)));
     Some(Provider {
         name: name.to_string(),
+        shared_name: Arc::from(name),
         kind: p.kind,
         tls,
         host,
@@ -1359,6 +1403,9 @@ fn build_provider(
         base_path,
         authority,
         api_key,
+        authority_value,
+        name_value,
+        credential_value,
         anthropic_version: p
             .anthropic_version
             .clone()
@@ -1578,6 +1625,41 @@ agents:
     models: [gpt-4o]
     paths: [/v1/chat/completions]
 "#;
+
+    #[test]
+    fn header_values_are_built_once_and_checked_at_load() {
+        let c = build_str(GOOD).unwrap();
+        let oa = c.providers.iter().find(|p| p.name == "oa").unwrap();
+        let cred = oa.credential_value.as_ref().unwrap();
+        assert_eq!(cred.as_bytes(), b"Bearer sk-test");
+        assert!(cred.is_sensitive(), "never printed by the http crate");
+        assert_eq!(oa.name_value, "oa");
+        assert_eq!(oa.authority_value, "api.openai.com");
+        assert_eq!(&*oa.shared_name, "oa");
+        let local = c.providers.iter().find(|p| p.name == "local").unwrap();
+        assert!(local.credential_value.is_none());
+        assert_eq!(local.authority_value, "127.0.0.1:11434");
+
+        // A key no header can carry is a load error that names the
+        // variable, never the value.
+        let spec = parse(
+            "t.yaml",
+            &GOOD.replace("api_key_env: SET", "api_key_env: BAD"),
+        )
+        .unwrap();
+        let env = |v: &str| (v == "BAD").then(|| "sk-\u{1}secret".to_string());
+        let e: Vec<String> = build("t.yaml", spec, &env)
+            .unwrap_err()
+            .0
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        assert_eq!(
+            e,
+            ["t.yaml: providers.oa.api_key_env: the key holds characters an HTTP header cannot carry"]
+        );
+        assert!(!e[0].contains("secret"));
+    }
 
     #[test]
     fn good_config_builds() {

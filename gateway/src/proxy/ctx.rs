@@ -64,7 +64,7 @@ pub struct RequestCtx {
     /// Time to the response header of the attempt that served.
     pub ttfb: Option<std::time::Duration>,
     /// Breaker key of the last attempt.
-    pub breaker_key: Option<String>,
+    pub breaker_key: Option<Arc<str>>,
     /// Request body bytes (as judged).
     pub bytes_in: usize,
     /// An event stream is being relayed (counted in `loopgate_active_streams`).
@@ -185,7 +185,7 @@ pub struct SubReport {
     pub upstream_time: Option<std::time::Duration>,
     pub attempts: u32,
     pub usage: Option<Usage>,
-    pub breaker_key: Option<String>,
+    pub breaker_key: Option<Arc<str>>,
     pub error_code: Option<&'static str>,
 }
 

@@ -774,13 +774,21 @@ impl ProxyHttp for Gateway {
             (None, base) if ctx.injected_body.is_some() || ctx.send_original => base,
             _ => None,
         };
-        let mut peer = HttpPeer::new(*addr, p.tls, p.host.clone());
+        // SNI only matters for TLS; a plain peer takes no copy of the host.
+        let sni = if p.tls { p.host.clone() } else { String::new() };
+        let mut peer = HttpPeer::new(*addr, p.tls, sni);
         let o = &mut peer.options;
         o.connection_timeout = Some(p.timeouts.connect);
         o.total_connection_timeout = Some(p.timeouts.connect);
         o.read_timeout = Some(p.timeouts.read);
         o.write_timeout = Some(p.timeouts.read);
-        o.idle_timeout = Some(Duration::from_secs(90));
+        // No idle timeout of our own: a pooled connection stays until the
+        // provider closes it (Pingora's pool watches every idle connection
+        // for that close and drops it) or the bounded pool evicts it, and a
+        // close racing a reuse is retried on a fresh connection
+        // (`error_while_proxy`). A timeout here armed one more timer per
+        // request, on every release to the pool.
+        o.idle_timeout = None;
         ctx.attempt = Some(Attempt {
             picked,
             started: Instant::now(),
@@ -895,7 +903,7 @@ impl ProxyHttp for Gateway {
         if let Some((_, Some(ct))) = &ctx.injected_body {
             req.insert_header(http::header::CONTENT_TYPE, ct.clone())?;
         }
-        req.insert_header("host", p.authority.as_str())?;
+        req.insert_header("host", p.authority_value.clone())?;
         req.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
         if let Some(tp) = tool_path {
             let uri = format!("{}{}", p.base_path, tp)
@@ -1003,7 +1011,7 @@ impl ProxyHttp for Gateway {
         {
             ctx.json_check = Some(Vec::new());
         }
-        ctx.served_by = Some(Arc::from(provider.name.as_str()));
+        ctx.served_by = Some(provider.shared_name.clone());
         ctx.served_kind = Some(provider.kind);
         ctx.ttfb = ttfb;
         ctx.breaker_key = Some(key);
@@ -1022,7 +1030,14 @@ impl ProxyHttp for Gateway {
         ctx.upstream_status = Some(resp.status.as_u16());
         resp.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
         if let Some(p) = &ctx.served_by {
-            resp.insert_header(respond::PROVIDER_HEADER, p.as_ref())?;
+            // The attempt that answered carries its provider's prebuilt value.
+            match &ctx.attempt {
+                Some(att) => resp.insert_header(
+                    respond::PROVIDER_HEADER,
+                    att.picked.provider.name_value.clone(),
+                )?,
+                None => resp.insert_header(respond::PROVIDER_HEADER, p.as_ref())?,
+            }
             if let Some(from) = ctx.fallback_from.as_ref().filter(|f| *f != p) {
                 resp.insert_header(respond::FALLBACK_HEADER, from.as_ref())?;
             }

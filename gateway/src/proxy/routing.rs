@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The breaker key of `provider` for `agent`.
-pub fn breaker_key(provider: &Provider, agent: &str) -> String {
+pub fn breaker_key(provider: &Provider, agent: &str) -> Arc<str> {
     if provider.isolate_by_agent {
-        format!("{}/{}", provider.name, agent)
+        Arc::from(format!("{}/{}", provider.name, agent))
     } else {
-        provider.name.clone()
+        // Shared, not copied: a request clones this key several times.
+        provider.shared_name.clone()
     }
 }
 
@@ -24,7 +25,7 @@ pub fn breaker_key(provider: &Provider, agent: &str) -> String {
 pub struct Picked {
     pub target: usize,
     pub provider: Arc<Provider>,
-    pub key: String,
+    pub key: Arc<str>,
     pub ticket: Ticket,
 }
 
@@ -50,26 +51,26 @@ pub fn choose(
     now: Duration,
     transitions: &mut Vec<(String, Transition)>,
 ) -> Result<Choice, Unknown> {
-    let candidates: Vec<usize> = (0..route.targets.len())
-        .filter(|i| !tried.contains(i))
-        .collect();
-    if candidates.is_empty() {
-        return Ok(Choice::Exhausted);
-    }
-    let mut order = candidates.clone();
-    if tried.is_empty() && candidates.len() > 1 {
-        if let Some(first) = weighted_pick(breakers, route, agent, &candidates, now)? {
-            order.retain(|&i| i != first);
-            order.insert(0, first);
-        }
-    }
+    let n = route.targets.len();
+    // The first attempt on a route with several targets goes by weight and
+    // health; after that, and on one-target routes (no list is built for
+    // those), targets are tried in order.
+    let first = if tried.is_empty() && n > 1 {
+        let all: Vec<usize> = (0..n).collect();
+        weighted_pick(breakers, route, agent, &all, now)?
+    } else {
+        None
+    };
+    let order = first
+        .into_iter()
+        .chain((0..n).filter(|i| Some(*i) != first && !tried.contains(i)));
     let mut soonest: Option<(Duration, String)> = None;
     for i in order {
         let provider = &route.targets[i].provider;
         let key = breaker_key(provider, agent);
         let (acquired, transition) = breakers.acquire(&key, &provider.breaker, now)?;
         if let Some(t) = transition {
-            transitions.push((key.clone(), t));
+            transitions.push((key.to_string(), t));
         }
         match acquired {
             Ok(ticket) => {
