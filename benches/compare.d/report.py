@@ -2,6 +2,7 @@
 against the targets of the performance issue. CPU is split into user
 (the proxy's own code) and sys (the kernel's TCP work on its behalf, which
 is about the same for every proxy: same bytes, similar syscalls)."""
+import os
 import sys
 from collections import defaultdict
 
@@ -17,8 +18,14 @@ def mean(xs):
 
 
 targets = ["direct", "nginx", "bare-pingora", "loopgate"]
-for kind in ["plain", "stream"]:
-    print(f"\n== {kind} ({'SSE, 20 chunks' if kind == 'stream' else 'JSON'}) ==")
+TITLES = {
+    "plain": "JSON",
+    "stream": "SSE, 20 chunks",
+    "plain-paced": f"JSON, paced: {os.environ.get('PACE_MS')} ms between requests per connection",
+    "stream-paced": f"SSE, 20 chunks, paced: {os.environ.get('PACE_MS')} ms between requests per connection",
+}
+for kind in [k for k in TITLES if any(key[0] == k for key in rows)]:
+    print(f"\n== {kind} ({TITLES[kind]}) ==")
     print(f"{'target':<14}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'CPU s/10k':>11}"
           f"{'user':>8}{'sys':>8}{'peak RSS MB':>13}{'errors':>8}")
     agg = {}
