@@ -138,7 +138,12 @@ pub async fn read_body(
     // Keep the first 64 KiB in Pingora's retry buffer: for bodies that fit,
     // Pingora replays it upstream itself (see `mod.rs` for the large case).
     session.downstream_session.enable_retry_buffering();
-    let mut buf = BytesMut::with_capacity(declared.unwrap_or(4096).min(limit) as usize);
+    // A small body usually arrives in one read: that chunk (Pingora's own
+    // copy, sized to it) is kept as it is. Only a body read in several
+    // pieces is gathered into one buffer.
+    let mut first = Bytes::new();
+    let mut gathered: Option<BytesMut> = None;
+    let mut total = 0u64;
     loop {
         let chunk = session
             .downstream_session
@@ -148,14 +153,25 @@ pub async fn read_body(
                 GatewayError::BadRequest(format!("could not read the request body: {e}"))
             })?;
         let Some(chunk) = chunk else { break };
-        if (buf.len() + chunk.len()) as u64 > limit {
+        total += chunk.len() as u64;
+        if total > limit {
             session.set_keepalive(None);
             *linger = true;
             return Err(too_large());
         }
-        buf.extend_from_slice(&chunk);
+        match gathered.as_mut() {
+            Some(buf) => buf.extend_from_slice(&chunk),
+            None if first.is_empty() => first = chunk,
+            None => {
+                let cap = declared.unwrap_or(0).clamp(total, limit) as usize;
+                let mut buf = BytesMut::with_capacity(cap);
+                buf.extend_from_slice(&first);
+                buf.extend_from_slice(&chunk);
+                gathered = Some(buf);
+            }
+        }
     }
-    Ok(buf.freeze())
+    Ok(gathered.map_or(first, BytesMut::freeze))
 }
 
 /// Bounds on reading and discarding a refused body after answering, so the

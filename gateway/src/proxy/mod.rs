@@ -1069,15 +1069,16 @@ impl ProxyHttp for Gateway {
         if ctx.admitted.as_ref().is_some_and(|a| a.tool_path.is_none()) {
             ctx.usage_scanner = Some(UsageScanner::for_content_type(ct));
         }
-        let ct = ct.map(str::to_string);
         if ctx.admitted.as_ref().is_some_and(|a| a.idem.is_some()) {
             ctx.idem_capture = Some(ctx::IdemCapture {
                 status: resp.status.as_u16(),
-                content_type: ct.clone(),
+                content_type: ct.map(str::to_string),
                 ..Default::default()
             });
         }
         if let Some(call) = ctx.admitted.as_ref().and_then(|a| a.mcp.clone()) {
+            // Owned: the header map is changed while it is used.
+            let ct = ct.map(str::to_string);
             self.mcp_response(resp, ctx, &call, ct.as_deref()).await?;
         }
         Ok(())
