@@ -409,8 +409,14 @@ impl StateStore for MemoryStore {
             });
             inner.idem.retain(|_, e| e.expires > now);
         }
+        // A held slot key is counted in place, without copying the key.
         for s in slots {
-            *inner.slots.entry(s.key.clone()).or_insert(0) += 1;
+            match inner.slots.get_mut(&s.key) {
+                Some(n) => *n += 1,
+                None => {
+                    inner.slots.insert(s.key.clone(), 1);
+                }
+            }
         }
         Ok(AdmitOutcome::Taken {
             lease: Lease::new(
