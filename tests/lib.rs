@@ -21,6 +21,9 @@ pub const NARROW_KEY: &str = "test-narrow-key-0002";
 pub const UPSTREAM_KEY: &str = "sk-upstream-secret-42";
 /// A tool credential, for configs with `value_env: LOOPGATE_TEST_TOOL_KEY`.
 pub const TOOL_KEY: &str = "tool-secret-9911";
+/// A provider key no HTTP header can carry (a control byte), in
+/// `LOOPGATE_TEST_BAD_KEY`: configs naming it must be refused at load.
+pub const BAD_KEY: &str = "sk-bad\u{1}secret-31";
 /// The admin token, for configs with `token_env: LOOPGATE_TEST_ADMIN_TOKEN`.
 pub const ADMIN_TOKEN: &str = "adm-token-secret-77";
 /// `policy.max_body_bytes` in [`Gateway::start_default`].
@@ -226,6 +229,7 @@ impl Gateway {
                 .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
                 .env("LOOPGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN)
                 .env("LOOPGATE_TEST_TOOL_KEY", TOOL_KEY)
+                .env("LOOPGATE_TEST_BAD_KEY", BAD_KEY)
                 .env("RUST_LOG", "warn")
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())

@@ -2,6 +2,7 @@
 
 use loopgate_tests::*;
 use serde_json::Value;
+use std::process::Command;
 use std::time::Duration;
 
 const PROMPT: &str = "confidential-prompt-text-4471";
@@ -293,6 +294,66 @@ fn breakers_are_inspected_and_reset_by_an_operator() {
     );
     assert_eq!(chat(&gw, &[], &body("gpt-4o-mini", false)).status, 200);
     assert_eq!(gw.metric(r#"loopgate_breaker_state{key="oa"}"#), 0.0);
+}
+
+#[test]
+fn headers_no_request_could_send_are_refused_at_load() {
+    let mock = Mock::start();
+    let dir = scratch_dir("obs");
+    let gw = Gateway::start(&config(&mock, &dir, ""));
+    let good = std::fs::read_to_string(&gw.config_path).unwrap();
+    let reload_with = |text: String| {
+        std::fs::write(&gw.config_path, text).unwrap();
+        admin(&gw, "POST", "/admin/reload", Some(ADMIN_TOKEN))
+    };
+
+    // A provider key with a control byte: refused, naming the variable and
+    // never the value; the running config keeps answering.
+    let r = reload_with(good.replace("LOOPGATE_TEST_UPSTREAM_KEY", "LOOPGATE_TEST_BAD_KEY"));
+    assert_eq!(r.status, 422, "{}", r.text());
+    let errors = r.json()["errors"].to_string();
+    assert!(
+        errors.contains(
+            "gateway.yaml: providers.oa.api_key_env: the key holds characters an HTTP header cannot carry"
+        ),
+        "{errors}"
+    );
+    assert!(
+        !r.text().contains("secret-31"),
+        "the key leaked: {}",
+        r.text()
+    );
+    let ok = chat(&gw, &[], &body("gpt-4o-mini", false));
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.header("x-loopgate-provider"), Some("oa"));
+
+    // A provider name that cannot be sent in x-loopgate-provider.
+    let r = reload_with(
+        good.replace("  oa:", "  \"o\\x01a\":")
+            .replace("provider: oa", "provider: \"o\\x01a\""),
+    );
+    assert_eq!(r.status, 422, "{}", r.text());
+    let errors = r.json()["errors"].to_string();
+    assert!(
+        errors.contains("an HTTP header cannot carry (it is sent in x-loopgate-provider)"),
+        "{errors}"
+    );
+    assert_eq!(chat(&gw, &[], &body("gpt-4o-mini", false)).status, 200);
+
+    // `loopgate check` says the same and exits 1.
+    let out = Command::new(bin())
+        .args(["check", "--config"])
+        .arg(&gw.config_path)
+        .env("LOOPGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the name holds characters an HTTP header cannot carry"),
+        "{stderr}"
+    );
 }
 
 #[test]

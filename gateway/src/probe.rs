@@ -49,7 +49,7 @@ pub fn spawn(
                         let cfg = config.load();
                         // Keys are `provider` or `provider/agent`.
                         let name = key.split('/').next().unwrap_or(&key);
-                        let Some(p) = cfg.upstreams().find(|p| p.name == name) else {
+                        let Some(p) = cfg.upstreams().find(|p| &*p.name == name) else {
                             breakers.abandon(&key, ticket);
                             continue;
                         };

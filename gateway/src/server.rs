@@ -235,7 +235,7 @@ impl ServeHttp for Admin {
                 let unresolved: Vec<&str> = cfg
                     .upstreams()
                     .filter(|p| p.addr.load().is_none())
-                    .map(|p| p.name.as_str())
+                    .map(|p| &*p.name)
                     .collect();
                 let (store_ready, store) = match &self.shared {
                     Some(s) => s.readiness(),

@@ -223,7 +223,7 @@ impl Config {
             .iter()
             .map(|p| {
                 json!({
-                    "name": p.name,
+                    "name": &*p.name,
                     "kind": format!("{:?}", p.kind).to_lowercase(),
                     "base_url": format!("{}://{}{}", if p.tls { "https" } else { "http" }, p.authority, p.base_path),
                     "api_key": p.api_key.as_ref().map(|_| "[redacted]"),
@@ -252,7 +252,7 @@ impl Config {
                 Some(json!({
                     "model": name,
                     "targets": r.targets.iter().map(|t| json!({
-                        "provider": t.provider.name, "weight": t.weight, "model": t.model,
+                        "provider": &*t.provider.name, "weight": t.weight, "model": t.model,
                     })).collect::<Vec<_>>(),
                     "max_attempts": r.max_attempts,
                     "max_total_ms": ms(r.max_total),
@@ -382,10 +382,9 @@ pub struct Timeouts {
 
 #[derive(Debug)]
 pub struct Provider {
-    pub name: String,
-    /// The name again, shared: breaker keys and `served_by` clone it per
-    /// request without copying.
-    pub shared_name: Arc<str>,
+    /// Shared: breaker keys and `served_by` clone it per request without
+    /// copying.
+    pub name: Arc<str>,
     pub kind: ProviderKind,
     pub tls: bool,
     pub host: String,
@@ -1379,13 +1378,17 @@ fn build_provider(
         }
         None => None,
     };
-    let (Ok(name_value), Ok(authority_value)) = (
-        http::HeaderValue::from_str(name),
-        http::HeaderValue::from_str(&authority),
-    ) else {
+    let Ok(name_value) = http::HeaderValue::from_str(name) else {
         errs.push(
             at,
-            "the name must be printable ASCII (it is sent in the x-loopgate-provider header)",
+            "the name holds characters an HTTP header cannot carry (it is sent in x-loopgate-provider)",
+        );
+        return None;
+    };
+    let Ok(authority_value) = http::HeaderValue::from_str(&authority) else {
+        errs.push(
+            format!("{at}.base_url"),
+            "the host cannot be sent in a Host header",
         );
         return None;
     };
@@ -1394,8 +1397,7 @@ fn build_provider(
         .ok()
         .map(|ip| Arc::new(SocketAddr::new(ip, port)));
     Some(Provider {
-        name: name.to_string(),
-        shared_name: Arc::from(name),
+        name: Arc::from(name),
         kind: p.kind,
         tls,
         host,
@@ -1629,14 +1631,13 @@ agents:
     #[test]
     fn header_values_are_built_once_and_checked_at_load() {
         let c = build_str(GOOD).unwrap();
-        let oa = c.providers.iter().find(|p| p.name == "oa").unwrap();
+        let oa = c.providers.iter().find(|p| &*p.name == "oa").unwrap();
         let cred = oa.credential_value.as_ref().unwrap();
         assert_eq!(cred.as_bytes(), b"Bearer sk-test");
         assert!(cred.is_sensitive(), "never printed by the http crate");
         assert_eq!(oa.name_value, "oa");
         assert_eq!(oa.authority_value, "api.openai.com");
-        assert_eq!(&*oa.shared_name, "oa");
-        let local = c.providers.iter().find(|p| p.name == "local").unwrap();
+        let local = c.providers.iter().find(|p| &*p.name == "local").unwrap();
         assert!(local.credential_value.is_none());
         assert_eq!(local.authority_value, "127.0.0.1:11434");
 
@@ -1665,12 +1666,12 @@ agents:
     fn good_config_builds() {
         let c = build_str(GOOD).unwrap();
         assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
-        let local = c.providers.iter().find(|p| p.name == "local").unwrap();
+        let local = c.providers.iter().find(|p| &*p.name == "local").unwrap();
         assert_eq!(local.base_path, "/prefix");
         assert_eq!(local.port, 11434);
         assert!(!local.tls);
         assert!(local.addr.load().is_some());
-        let oa = c.providers.iter().find(|p| p.name == "oa").unwrap();
+        let oa = c.providers.iter().find(|p| &*p.name == "oa").unwrap();
         assert!(oa.tls && oa.port == 443 && oa.needs_dns());
         assert_eq!(oa.api_key.as_ref().unwrap().expose(), "sk-test");
         assert_eq!(c.routes.find("gpt-4o").map(|r| r.0), Some("gpt-4o"));
@@ -1771,7 +1772,7 @@ agents:
             "api_key_env: SET, breaker: { consecutive_failures: 2, isolate_by: agent, probe: { path: /v1/models } } }",
         );
         let c = build_str(&yaml).unwrap();
-        let oa = c.providers.iter().find(|p| p.name == "oa").unwrap();
+        let oa = c.providers.iter().find(|p| &*p.name == "oa").unwrap();
         assert!(oa.isolate_by_agent && oa.breaker.active_probe);
         assert_eq!(oa.breaker.consecutive_failures, 2);
         assert_eq!(oa.probe.as_ref().unwrap().method, http::Method::GET);

@@ -104,8 +104,7 @@ impl Gateway {
     fn fail_attempt(&self, ctx: &mut RequestCtx, kind: FailureKind, error: GatewayError) {
         if let Some(att) = ctx.attempt.take() {
             let name = &att.picked.provider.name;
-            ctx.fallback_from
-                .get_or_insert_with(|| Arc::from(name.as_str()));
+            ctx.fallback_from.get_or_insert_with(|| name.clone());
             log::debug!(
                 "request {}: provider `{name}` failed: {}",
                 ctx.request_id,
@@ -499,7 +498,7 @@ struct LargeBody {
 fn admission_provider(ctx: &RequestCtx) -> String {
     ctx.attempt
         .as_ref()
-        .map(|a| a.picked.provider.name.clone())
+        .map(|a| a.picked.provider.name.to_string())
         .or_else(|| ctx.served_by.as_deref().map(str::to_string))
         .unwrap_or_else(|| "?".to_string())
 }
@@ -677,7 +676,7 @@ impl ProxyHttp for Gateway {
                 },
                 Ok((Err(rejected), _)) => {
                     ctx.pending_error = Some(GatewayError::CircuitOpen {
-                        provider: provider.name.clone(),
+                        provider: provider.name.to_string(),
                         retry_after: rejected.retry_after,
                     });
                     return Err(Error::new(ErrorType::Custom("circuit_open")));
@@ -1013,7 +1012,7 @@ impl ProxyHttp for Gateway {
         {
             ctx.json_check = Some(Vec::new());
         }
-        ctx.served_by = Some(provider.shared_name.clone());
+        ctx.served_by = Some(provider.name.clone());
         ctx.served_kind = Some(provider.kind);
         ctx.ttfb = ttfb;
         ctx.breaker_key = Some(key);
@@ -1032,7 +1031,9 @@ impl ProxyHttp for Gateway {
         ctx.upstream_status = Some(resp.status.as_u16());
         resp.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
         if let Some(p) = &ctx.served_by {
-            // The attempt that answered carries its provider's prebuilt value.
+            // The attempt that answered carries its provider's prebuilt value;
+            // a last attempt that failed (5xx, 429) was already settled, so
+            // then the name is copied in.
             match &ctx.attempt {
                 Some(att) => resp.insert_header(
                     respond::PROVIDER_HEADER,

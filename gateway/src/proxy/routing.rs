@@ -16,7 +16,7 @@ pub fn breaker_key(provider: &Provider, agent: &str) -> Arc<str> {
         Arc::from(format!("{}/{}", provider.name, agent))
     } else {
         // Shared, not copied: a request clones this key several times.
-        provider.shared_name.clone()
+        provider.name.clone()
     }
 }
 
@@ -86,7 +86,7 @@ pub fn choose(
                     .as_ref()
                     .is_none_or(|(d, _)| rejected.retry_after < *d)
                 {
-                    soonest = Some((rejected.retry_after, provider.name.clone()));
+                    soonest = Some((rejected.retry_after, provider.name.to_string()));
                 }
             }
         }
