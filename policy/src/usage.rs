@@ -3,134 +3,18 @@
 //!
 //! SSE bodies are split into lines across chunk boundaries; only the
 //! unfinished tail of a chunk is carried, and only `data:` lines that
-//! mention usage are parsed. The stream itself is neither buffered nor
-//! altered. JSON bodies are kept up to a cap and parsed at the end.
+//! mention usage are read. The stream itself is neither buffered nor
+//! altered. JSON bodies are kept up to a cap and read at the end. Reading
+//! takes only the usage objects out of a document ([`reader`]).
 //!
 //! Recognised: OpenAI `usage.{prompt,completion}_tokens` (chat, completions,
 //! embeddings, final stream chunk), Anthropic `message.usage` in
 //! `message_start` and the cumulative `usage` of `message_delta`, and the
 //! Responses API's `response.usage.{input,output}_tokens`.
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
-use std::fmt;
-use std::marker::PhantomData;
+mod reader;
 
-// Typed views of the fields that carry usage: everything else in a response
-// is skipped by serde without building a tree (the response may be large).
-#[derive(Deserialize)]
-struct Carrier {
-    #[serde(default)]
-    usage: IfObject<UsageFields>,
-    #[serde(default)]
-    message: IfObject<Wrapper>,
-    #[serde(default)]
-    response: IfObject<Wrapper>,
-}
-
-#[derive(Deserialize)]
-struct Wrapper {
-    #[serde(default)]
-    usage: IfObject<UsageFields>,
-}
-
-#[derive(Deserialize)]
-struct UsageFields {
-    #[serde(default)]
-    prompt_tokens: Count,
-    #[serde(default)]
-    completion_tokens: Count,
-    #[serde(default)]
-    input_tokens: Count,
-    #[serde(default)]
-    output_tokens: Count,
-}
-
-/// `Some` when the field is an object, `None` when it is anything else (an
-/// error's `message` string, a `usage: null`): odd shapes are skipped,
-/// never fatal. Read in one pass: serde's untagged enums, which did this
-/// before, buffer the value first and allocated on every response.
-struct IfObject<T>(Option<T>);
-
-impl<T> Default for IfObject<T> {
-    fn default() -> Self {
-        IfObject(None)
-    }
-}
-
-/// A token count: a non-negative integer, else unknown.
-#[derive(Default)]
-struct Count(Option<u64>);
-
-/// How a lenient field reads the JSON value it meets; whatever it does not
-/// take is consumed and read as "not there" (the default).
-trait Lenient<'de>: Default {
-    fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Self::default())
-    }
-    fn from_u64(_: u64) -> Self {
-        Self::default()
-    }
-}
-
-impl<'de, T: Deserialize<'de>> Lenient<'de> for IfObject<T> {
-    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
-        T::deserialize(de::value::MapAccessDeserializer::new(map)).map(|t| IfObject(Some(t)))
-    }
-}
-
-impl<'de> Lenient<'de> for Count {
-    fn from_u64(n: u64) -> Self {
-        Count(Some(n))
-    }
-}
-
-struct LenientVisitor<T>(PhantomData<T>);
-
-impl<'de, T: Lenient<'de>> Visitor<'de> for LenientVisitor<T> {
-    type Value = T;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-        T::from_map(map)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<T, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(T::default())
-    }
-    fn visit_u64<E>(self, n: u64) -> Result<T, E> {
-        Ok(T::from_u64(n))
-    }
-    fn visit_i64<E>(self, n: i64) -> Result<T, E> {
-        Ok(u64::try_from(n).map_or_else(|_| T::default(), T::from_u64))
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<T, E> {
-        Ok(T::default())
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<T, E> {
-        Ok(T::default())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<T, E> {
-        Ok(T::default())
-    }
-    fn visit_unit<E>(self) -> Result<T, E> {
-        Ok(T::default())
-    }
-}
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for IfObject<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(LenientVisitor(PhantomData))
-    }
-}
-
-impl<'de> Deserialize<'de> for Count {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(LenientVisitor(PhantomData))
-    }
-}
+use reader::{read_counts, Counts};
 
 /// Tokens a provider reported for one exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -244,8 +128,8 @@ impl UsageScanner {
     /// The usage seen, once the body ended.
     pub fn finish(&mut self) -> Option<Usage> {
         if let Mode::Json = self.mode {
-            if let Ok(v) = serde_json::from_slice::<Carrier>(&self.kept) {
-                self.absorb(&v);
+            if let Some(c) = read_counts(&self.kept) {
+                self.absorb(&c);
             }
             self.kept = Vec::new();
         }
@@ -269,23 +153,19 @@ impl UsageScanner {
         if USAGE_KEY.find(data).is_none() {
             return;
         }
-        if let Ok(v) = serde_json::from_slice::<Carrier>(data.trim_ascii()) {
-            self.absorb(&v);
+        if let Some(c) = read_counts(data) {
+            self.absorb(&c);
         }
     }
 
-    fn absorb(&mut self, v: &Carrier) {
-        fn nested(w: &IfObject<Wrapper>) -> Option<&UsageFields> {
-            w.0.as_ref().and_then(|w| w.usage.0.as_ref())
-        }
-        for u in [v.usage.0.as_ref(), nested(&v.message), nested(&v.response)]
-            .into_iter()
-            .flatten()
-        {
-            if let Some(i) = u.prompt_tokens.0.or(u.input_tokens.0) {
+    fn absorb(&mut self, c: &Counts) {
+        // In this order, so that a nested carrier's counts win over an
+        // empty top-level `usage` beside it.
+        for u in [&c.usage, &c.message, &c.response].into_iter().flatten() {
+            if let Some(i) = u.prompt_tokens.or(u.input_tokens) {
                 self.input = Some(i);
             }
-            if let Some(o) = u.completion_tokens.0.or(u.output_tokens.0) {
+            if let Some(o) = u.completion_tokens.or(u.output_tokens) {
                 self.output = Some(o);
             }
         }
