@@ -20,6 +20,10 @@ impl PhraseMatcher {
         if let Some(i) = phrases.iter().position(|p| p.trim().is_empty()) {
             return Err(format!("phrase {i} is empty"));
         }
+        // Body inspection joins strings with NUL to search them at once.
+        if let Some(i) = phrases.iter().position(|p| p.contains('\0')) {
+            return Err(format!("phrase {i} holds a NUL character"));
+        }
         let unicode = phrases.iter().any(|p| !p.is_ascii());
         let patterns: Vec<String> = if unicode {
             phrases.iter().map(|p| p.to_lowercase()).collect()
@@ -86,5 +90,6 @@ mod tests {
     #[test]
     fn empty_phrases_are_refused() {
         assert!(PhraseMatcher::new(&["ok", " "]).is_err());
+        assert!(PhraseMatcher::new(&["ok", "a\0b"]).is_err());
     }
 }
