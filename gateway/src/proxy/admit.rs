@@ -16,8 +16,13 @@ use loopgate_policy::{
 use pingora_proxy::Session;
 use std::sync::Arc;
 
-/// Headers an agent may authenticate with, in order of preference.
-pub const AGENT_KEY_HEADERS: [&str; 3] = ["authorization", "x-api-key", "x-agent-token"];
+/// Headers an agent may authenticate with, in order of preference. Parsed
+/// names: a lookup or removal by `&str` parses the name on every call.
+pub const AGENT_KEY_HEADERS: [http::HeaderName; 3] = [
+    http::header::AUTHORIZATION,
+    http::HeaderName::from_static("x-api-key"),
+    http::HeaderName::from_static("x-agent-token"),
+];
 
 /// What admission decided for a request that passed it.
 pub enum Admitted {
@@ -64,8 +69,8 @@ pub fn endpoint_of(session: &Session) -> Result<Endpoint, GatewayError> {
 pub fn authenticate(session: &Session, cfg: &Config) -> Result<usize, GatewayError> {
     let req = session.req_header();
     let key = AGENT_KEY_HEADERS.iter().find_map(|h| {
-        let v = req.headers.get(*h)?.as_bytes();
-        let v = if *h == "authorization" {
+        let v = req.headers.get(h)?.as_bytes();
+        let v = if h == http::header::AUTHORIZATION {
             strip_bearer(v)?
         } else {
             v

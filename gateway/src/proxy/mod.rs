@@ -887,13 +887,13 @@ impl ProxyHttp for Gateway {
         };
         let p = att.picked.provider.clone();
         // The agent's credential never leaves the gateway.
-        for h in admit::AGENT_KEY_HEADERS {
+        for h in &admit::AGENT_KEY_HEADERS {
             req.remove_header(h);
         }
         let tool_path = ctx.admitted.as_ref().and_then(|a| a.tool_path.clone());
         if ctx.admitted.as_ref().is_some_and(|a| a.body_read) {
             // The body was already received in full (we may have sent 100 Continue).
-            req.remove_header("expect");
+            req.remove_header(&http::header::EXPECT);
         }
         p.authorize(req)?;
         // A body we send ourselves needs framing that matches it exactly.
