@@ -19,7 +19,10 @@
 use crate::set::Unknown;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+// ahash, not SipHash: these maps are looked up on every request, and keys
+// agents influence (task ids) still get a randomly keyed, DoS-resistant hash.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 use std::sync::Mutex;
 use std::time::Duration;
 

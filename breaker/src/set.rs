@@ -9,7 +9,9 @@ use crate::circuit::{
     Breaker, BreakerConfig, Outcome, Rejected, Snapshot, State, Ticket, Transition,
 };
 use crate::health::Health;
-use std::collections::HashMap;
+// ahash, not SipHash: these maps are looked up on every request, and keys
+// agents influence (task ids) still get a randomly keyed, DoS-resistant hash.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 

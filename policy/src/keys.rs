@@ -6,7 +6,9 @@
 //! linear scan over agents.
 
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
+// ahash, not SipHash: these maps are looked up on every request, and keys
+// agents influence (task ids) still get a randomly keyed, DoS-resistant hash.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 use std::fmt;
 use subtle::ConstantTimeEq;
 
@@ -60,7 +62,7 @@ pub struct KeyIndex<T> {
 impl<T> Default for KeyIndex<T> {
     fn default() -> Self {
         KeyIndex {
-            by_digest: HashMap::new(),
+            by_digest: HashMap::default(),
         }
     }
 }

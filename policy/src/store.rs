@@ -14,7 +14,10 @@
 //! entries have aged out far enough for the request to fit.
 
 use async_trait::async_trait;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+// ahash, not SipHash: these maps are looked up on every request, and keys
+// agents influence (task ids) still get a randomly keyed, DoS-resistant hash.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -4,7 +4,10 @@
 //! the configured action (degrade to a cheaper model, or stop the task).
 
 use crate::store::StoreError;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+// ahash, not SipHash: these maps are looked up on every request, and keys
+// agents influence (task ids) still get a randomly keyed, DoS-resistant hash.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 use std::sync::Mutex;
 use std::time::Duration;
 

@@ -492,7 +492,8 @@ pub struct Probe {
 /// Model name to route: exact names first, then the longest matching prefix.
 #[derive(Debug, Default)]
 pub struct Routes {
-    exact: HashMap<String, Arc<Route>>,
+    /// ahash: looked up with an agent's model name on every request.
+    exact: HashMap<String, Arc<Route>, ahash::RandomState>,
     /// (prefix, its `prefix*` label, route)
     prefixes: Vec<(String, Arc<str>, Arc<Route>)>,
 }
