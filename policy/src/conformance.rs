@@ -17,7 +17,7 @@ const MS: Duration = Duration::from_millis(1);
 
 fn window(key: String, limit: u64, cost: u64) -> WindowTake {
     WindowTake {
-        key,
+        key: key.into(),
         limit,
         window: MIN,
         cost,
@@ -27,7 +27,7 @@ fn window(key: String, limit: u64, cost: u64) -> WindowTake {
 
 fn slot(key: String, limit: u64) -> SlotTake {
     SlotTake {
-        key,
+        key: key.into(),
         limit,
         enforce: true,
     }

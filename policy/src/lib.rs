@@ -50,7 +50,7 @@ pub use keys::{hash_key, KeyDigest, KeyIndex};
 pub use pattern::{NamePattern, PatternList};
 pub use phrases::PhraseMatcher;
 pub use rewrite::replace_model;
-pub use rules::{AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, Verdict};
+pub use rules::{AgentKeys, AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, Verdict};
 pub use store::{
     AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease, MemoryStore, Refusal, SlotTake,
     StateStore, StoreError, WindowTake,

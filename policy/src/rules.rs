@@ -68,7 +68,7 @@ pub struct LimitRequest<'a> {
 pub struct LimitsTaken {
     pub lease: Lease,
     /// Windows whose reservation is replaced by the reported usage.
-    pub settle_keys: Vec<String>,
+    pub settle_keys: Vec<Arc<str>>,
     /// Output tokens this request may still produce under its budgets (its
     /// own reservation plus what the budgets have left); `None` without budgets.
     pub budget_room: Option<u64>,
@@ -111,6 +111,31 @@ pub struct AgentRules {
     pub mode: Mode,
     /// Rules in dry-run while `mode` is enforce.
     pub dry_run: HashSet<DenyCode>,
+    /// This agent's state-store keys, built once from `name`.
+    pub keys: AgentKeys,
+}
+
+/// An agent's state-store keys (`{name}:rpm` and so on), built once when
+/// the rules are: every admission takes them, shared, without building or
+/// copying a string.
+#[derive(Debug, Clone)]
+pub struct AgentKeys {
+    rpm: Arc<str>,
+    tpm: Arc<str>,
+    day: Arc<str>,
+    inflight: Arc<str>,
+}
+
+impl AgentKeys {
+    pub fn new(agent: &str) -> AgentKeys {
+        let key = |suffix: &str| Arc::from(format!("{agent}{suffix}"));
+        AgentKeys {
+            rpm: key(RPM),
+            tpm: key(TPM),
+            day: key(":budget:day"),
+            inflight: key(":inflight"),
+        }
+    }
 }
 
 /// What the rules decided for a request they let through.
@@ -167,6 +192,7 @@ impl AgentRules {
             budgets: Budgets::default(),
             mode: Mode::Enforce,
             dry_run: HashSet::new(),
+            keys: AgentKeys::new(name),
         }
     }
 
@@ -319,7 +345,7 @@ impl AgentRules {
         let mut windows = Vec::with_capacity(4 + req.extra.len());
         if let Some(limit) = self.limits.requests_per_minute {
             windows.push(WindowTake {
-                key: self.rpm_key(),
+                key: self.keys.rpm.clone(),
                 limit,
                 window: MINUTE,
                 cost: 1,
@@ -328,7 +354,7 @@ impl AgentRules {
         }
         if let Some(limit) = self.limits.tokens_per_minute {
             windows.push(WindowTake {
-                key: self.tpm_key(),
+                key: self.keys.tpm.clone(),
                 limit,
                 window: MINUTE,
                 cost: estimated_tokens,
@@ -338,7 +364,7 @@ impl AgentRules {
         let budget_enforced = !self.is_dry_run(DenyCode::BudgetExceeded);
         if let Some(limit) = self.budgets.daily_tokens {
             windows.push(WindowTake {
-                key: self.key(":budget:day"),
+                key: self.keys.day.clone(),
                 limit,
                 window: DAY,
                 cost: reserve,
@@ -347,7 +373,7 @@ impl AgentRules {
         }
         if let (Some(limit), Some(task)) = (self.budgets.task_tokens, req.task) {
             windows.push(WindowTake {
-                key: format!("{}:budget:task:{task}", self.name),
+                key: format!("{}:budget:task:{task}", self.name).into(),
                 limit,
                 window: self.budgets.task_ttl,
                 cost: reserve,
@@ -359,30 +385,13 @@ impl AgentRules {
             .limits
             .max_in_flight
             .map(|limit| SlotTake {
-                key: self.key(":inflight"),
+                key: self.keys.inflight.clone(),
                 limit,
                 enforce: !self.is_dry_run(DenyCode::TooManyInFlight),
             })
             .into_iter()
             .collect();
         (windows, slots)
-    }
-
-    pub fn rpm_key(&self) -> String {
-        self.key(RPM)
-    }
-
-    pub fn tpm_key(&self) -> String {
-        self.key(TPM)
-    }
-
-    /// This agent's state key with `suffix` (one allocation, no formatting:
-    /// built on every request).
-    fn key(&self, suffix: &str) -> String {
-        let mut k = String::with_capacity(self.name.len() + suffix.len());
-        k.push_str(&self.name);
-        k.push_str(suffix);
-        k
     }
 
     /// Whether `key` is this agent's key with `suffix`, without building it.
@@ -619,7 +628,7 @@ mod tests {
         });
         assert_eq!(w.len(), 2);
         assert_eq!((w[0].cost, w[0].enforce), (1, true));
-        assert_eq!((w[1].cost, w[1].key.as_str()), (42, "a:tpm"));
+        assert_eq!((w[1].cost, &*w[1].key), (42, "a:tpm"));
         assert!(!s[0].enforce);
         let d = r.refusal_deny(
             &Refusal::Window {
@@ -750,7 +759,10 @@ mod tests {
             Some(700 + 200),
             "what is left plus its own output reservation"
         );
-        assert_eq!(taken.settle_keys, ["a:budget:day", "a:budget:task:t1"]);
+        assert_eq!(
+            taken.settle_keys,
+            [Arc::from("a:budget:day"), Arc::from("a:budget:task:t1")]
+        );
         // Settled at the real usage: 150 instead of 300.
         for k in &taken.settle_keys {
             block_on(store.settle(Duration::ZERO, &taken.lease, k, 150)).unwrap();

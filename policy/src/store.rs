@@ -20,13 +20,15 @@ use std::collections::VecDeque;
 type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Take `cost` from a sliding window of `limit` per `window`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowTake {
-    pub key: String,
+    /// Shared, not copied: an agent's keys are built once, and the lease
+    /// and the memory store keep them without a copy per request.
+    pub key: Arc<str>,
     pub limit: u64,
     pub window: Duration,
     pub cost: u64,
@@ -37,7 +39,7 @@ pub struct WindowTake {
 /// Take one of `limit` concurrency slots.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotTake {
-    pub key: String,
+    pub key: Arc<str>,
     pub limit: u64,
     pub enforce: bool,
 }
@@ -62,8 +64,8 @@ pub struct Lease {
     /// Taken from a local fallback store while the shared one was away
     /// (`on_unavailable: local`): settle and release go back there.
     pub degraded: bool,
-    windows: Vec<String>,
-    slots: Vec<String>,
+    windows: Vec<Arc<str>>,
+    slots: Vec<Arc<str>>,
 }
 
 impl Lease {
@@ -78,7 +80,7 @@ impl Lease {
     }
 
     /// A lease a store implementation hands out for `id`.
-    pub fn new(id: u64, windows: Vec<String>, slots: Vec<String>) -> Lease {
+    pub fn new(id: u64, windows: Vec<Arc<str>>, slots: Vec<Arc<str>>) -> Lease {
         Lease {
             id,
             degraded: false,
@@ -88,17 +90,17 @@ impl Lease {
     }
 
     /// The window keys this lease took from.
-    pub fn windows(&self) -> &[String] {
+    pub fn windows(&self) -> &[Arc<str>] {
         &self.windows
     }
 
     /// The concurrency slots this lease holds.
-    pub fn slots(&self) -> &[String] {
+    pub fn slots(&self) -> &[Arc<str>] {
         &self.slots
     }
 
     pub fn holds_window(&self, key: &str) -> bool {
-        self.windows.iter().any(|k| k == key)
+        self.windows.iter().any(|k| &**k == key)
     }
 }
 
@@ -323,8 +325,8 @@ struct Record {
 
 #[derive(Debug, Default)]
 struct Inner {
-    windows: HashMap<String, (WindowLog, Duration)>,
-    slots: HashMap<String, u64>,
+    windows: HashMap<Arc<str>, (WindowLog, Duration)>,
+    slots: HashMap<Arc<str>, u64>,
     admissions: u64,
     idem: HashMap<String, IdemEntry>,
     records: HashMap<String, Record>,
@@ -384,7 +386,7 @@ impl StateStore for MemoryStore {
             }
         }
         for (index, s) in slots.iter().enumerate() {
-            let used = inner.slots.get(&s.key).copied().unwrap_or(0);
+            let used = inner.slots.get(&*s.key).copied().unwrap_or(0);
             if used >= s.limit {
                 let refusal = Refusal::Slot { index };
                 if s.enforce {
@@ -396,7 +398,7 @@ impl StateStore for MemoryStore {
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed) + 1;
         let mut remaining = Vec::with_capacity(windows.len());
         for w in windows {
-            if let Some((log, window)) = inner.windows.get_mut(&w.key) {
+            if let Some((log, window)) = inner.windows.get_mut(&*w.key) {
                 *window = w.window;
                 log.push(now, w.cost, id);
                 remaining.push(w.limit.saturating_sub(log.sum));
@@ -412,14 +414,8 @@ impl StateStore for MemoryStore {
             });
             inner.idem.retain(|_, e| e.expires > now);
         }
-        // A held slot key is counted in place, without copying the key.
         for s in slots {
-            match inner.slots.get_mut(&s.key) {
-                Some(n) => *n += 1,
-                None => {
-                    inner.slots.insert(s.key.clone(), 1);
-                }
-            }
+            *inner.slots.entry(s.key.clone()).or_insert(0) += 1;
         }
         Ok(AdmitOutcome::Taken {
             lease: Lease::new(

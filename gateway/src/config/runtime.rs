@@ -8,8 +8,8 @@ use crate::secret::Secret;
 use arc_swap::ArcSwapOption;
 use loopgate_breaker::{BreakerConfig, LoopConfig};
 use loopgate_policy::{
-    AgentRules, Budgets, DenyCode, Endpoint, KeyDigest, KeyIndex, Limits, Mode, NamePattern,
-    PatternList, PhraseMatcher, RedAction, Thresholds, WatchdogConfig,
+    AgentKeys, AgentRules, Budgets, DenyCode, Endpoint, KeyDigest, KeyIndex, Limits, Mode,
+    NamePattern, PatternList, PhraseMatcher, RedAction, Thresholds, WatchdogConfig,
 };
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -1009,6 +1009,7 @@ pub fn build(
             budgets,
             mode,
             dry_run,
+            keys: AgentKeys::new(name),
         }));
     }
 

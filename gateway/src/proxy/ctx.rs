@@ -117,7 +117,7 @@ pub struct RequestCtx {
     /// The response being recorded for idempotent replay.
     pub idem_capture: Option<IdemCapture>,
     /// Limit windows whose reservation the reported usage replaces.
-    pub settle_keys: Vec<String>,
+    pub settle_keys: Vec<Arc<str>>,
     /// Every attempt sends `original_body` (the watchdog rewrote it).
     pub send_original: bool,
     /// MCP: what the access log and metrics record (also for refusals).

@@ -420,7 +420,7 @@ fn describe(
     for (t, _) in j.messages.iter().filter_map(|m| m.tool.as_ref()) {
         let key = format!("{agent}:mcp:{name}:{t}");
         // A batch calling one tool twice takes 2 from one window, not 1 twice.
-        if let Some(w) = extra.iter_mut().find(|w| w.key == key) {
+        if let Some(w) = extra.iter_mut().find(|w| *w.key == *key) {
             w.cost += 1;
             continue;
         }
@@ -430,7 +430,7 @@ fn describe(
             access.calls_per_minute
         };
         extra.push(WindowTake {
-            key,
+            key: key.into(),
             limit,
             window: Duration::from_secs(60),
             cost: 1,

@@ -181,14 +181,14 @@ impl Gateway {
 
     /// Reports the current attempt as a success (the upstream answered and,
     /// if it streamed, finished).
-    fn succeed_attempt(&self, ctx: &mut RequestCtx) {
+    fn succeed_attempt(&self, ctx: &mut RequestCtx, now: Duration) {
         if let Some(att) = ctx.attempt.take() {
             let recorded = self.breakers.record(
                 &att.picked.key,
                 att.picked.ticket,
                 Outcome::Success,
                 att.ttfb,
-                self.clock.now(),
+                now,
             );
             if let Ok(Some(t)) = recorded {
                 self.metrics.transition(&att.picked.key, &t);
@@ -661,7 +661,9 @@ impl ProxyHttp for Gateway {
         };
         let route = &adm.route;
         let now = self.clock.now();
-        let first_at = *ctx.first_attempt_at.get_or_insert_with(Instant::now);
+        // One reading of the monotonic clock serves the whole attempt.
+        let started = Instant::now();
+        let first_at = *ctx.first_attempt_at.get_or_insert(started);
         let picked = if let Some(i) = ctx.retry_same.take() {
             // A pooled connection had gone stale: the same target again on a
             // fresh connection; not a new attempt.
@@ -688,7 +690,7 @@ impl ProxyHttp for Gateway {
             }
         } else {
             if ctx.attempts >= route.max_attempts
-                || (ctx.attempts > 0 && first_at.elapsed() >= route.max_total)
+                || (ctx.attempts > 0 && started.duration_since(first_at) >= route.max_total)
             {
                 ctx.pending_error = ctx.last_failure.take();
                 return Err(Error::new(ErrorType::Custom("retry_budget_exhausted")));
@@ -792,7 +794,7 @@ impl ProxyHttp for Gateway {
         o.idle_timeout = Some(POOL_IDLE_TIMEOUT);
         ctx.attempt = Some(Attempt {
             picked,
-            started: Instant::now(),
+            started,
             ttfb: None,
         });
         Ok(Box::new(peer))
@@ -826,7 +828,7 @@ impl ProxyHttp for Gateway {
         }
         if e.etype() == &BUDGET_CUT {
             // Our decision, not the provider's failure.
-            self.succeed_attempt(ctx);
+            self.succeed_attempt(ctx, self.clock.now());
             e.set_retry(false);
             return e;
         }
@@ -834,7 +836,7 @@ impl ProxyHttp for Gateway {
         if *e.esource() == ErrorSource::Downstream {
             // The agent went away or broke its side: not the provider's fault.
             if started {
-                self.succeed_attempt(ctx);
+                self.succeed_attempt(ctx, self.clock.now());
             } else if let Some(att) = ctx.attempt.take() {
                 self.breakers.abandon(&att.picked.key, att.picked.ticket);
             }
@@ -1235,6 +1237,9 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
+        // One reading of the state clock for the breaker, the limits and
+        // the log line.
+        let now = self.clock.now();
         // An attempt still open here ended without a failure hook: the
         // exchange completed (or the agent left after it started).
         if ctx.attempt.is_some() {
@@ -1251,8 +1256,10 @@ impl ProxyHttp for Gateway {
                         "the tool answered 2xx with a body that is not JSON".into(),
                     ),
                 ),
-                None => self.succeed_attempt(ctx),
-                Some(err) if *err.esource() == ErrorSource::Downstream => self.succeed_attempt(ctx),
+                None => self.succeed_attempt(ctx, now),
+                Some(err) if *err.esource() == ErrorSource::Downstream => {
+                    self.succeed_attempt(ctx, now)
+                }
                 Some(_) => self.fail_attempt(
                     ctx,
                     FailureKind::StreamBroken,
@@ -1268,11 +1275,11 @@ impl ProxyHttp for Gateway {
                 Some(usage) => ctx
                     .settle_keys
                     .iter()
-                    .map(|k| (k.as_str(), usage.total()))
+                    .map(|k| (&**k, usage.total()))
                     .collect(),
                 None => Vec::new(),
             };
-            if let Err(err) = self.store.finish(self.clock.now(), &lease, &settle).await {
+            if let Err(err) = self.store.finish(now, &lease, &settle).await {
                 log::warn!("request {}: {err}", ctx.request_id);
             }
         }
@@ -1307,6 +1314,6 @@ impl ProxyHttp for Gateway {
         if let Some(key) = ctx.admitted.as_ref().and_then(|a| a.task_key.as_deref()) {
             self.watchdog.latency(key, ctx.started.elapsed());
         }
-        observe::record(self, session, e, ctx);
+        observe::record(self, session, e, ctx, now);
     }
 }

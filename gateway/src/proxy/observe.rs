@@ -50,7 +50,14 @@ fn status_class(status: u16) -> &'static str {
     }
 }
 
-pub fn record(gw: &Gateway, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+/// `now`: the state clock, read once for the whole `logging` hook.
+pub fn record(
+    gw: &Gateway,
+    session: &mut Session,
+    _e: Option<&Error>,
+    ctx: &mut RequestCtx,
+    now: std::time::Duration,
+) {
     let m = &gw.metrics;
     let elapsed = ctx.started.elapsed();
     let status = session.response_written().map_or(0, |r| r.status.as_u16());
@@ -117,7 +124,7 @@ pub fn record(gw: &Gateway, session: &mut Session, _e: Option<&Error>, ctx: &mut
     }
     let breaker_state = ctx.breaker_key.as_deref().and_then(|k| {
         gw.breakers
-            .peek(k, gw.clock.now())
+            .peek(k, now)
             .ok()
             .flatten()
             .map(|(s, _, _)| s.as_str())
