@@ -325,3 +325,86 @@ fn the_retry_budget_bounds_attempts() {
     let total: u64 = mocks.iter().map(received).sum();
     assert_eq!(total, 2, "max_attempts: 2 allows two upstream calls in all");
 }
+
+/// Open descriptor numbers of process `pid`.
+fn open_fds(pid: u32) -> std::collections::BTreeSet<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("read /proc/<pid>/fd")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Sets process `pid`'s open-file limits with util-linux's `prlimit`.
+fn set_nofile(pid: u32, soft: u64, hard: u64) {
+    let out = std::process::Command::new("prlimit")
+        .args([&format!("--pid={pid}"), &format!("--nofile={soft}:{hard}")])
+        .output()
+        .expect("run prlimit (util-linux)");
+    assert!(
+        out.status.success(),
+        "prlimit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_gateways_own_socket_shortage_is_not_the_providers_failure() {
+    let mock = Mock::start();
+    // One failure would open this breaker for a minute.
+    let gw = Gateway::start(&config(
+        &[("p", mock.url(), "consecutive_failures: 1, open_ms: 60000")],
+        "[ { provider: p } ]",
+    ));
+    let pid = gw.pid();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let (soft, hard): (u64, u64) = limits
+        .lines()
+        .find_map(|l| {
+            let v: Vec<&str> = l
+                .strip_prefix("Max open files")?
+                .split_whitespace()
+                .collect();
+            Some((v[0].parse().ok()?, v[1].parse().ok()?))
+        })
+        .expect("open-file limits");
+    // Leave exactly one free descriptor number below the limit: the agent's
+    // connection takes it, and the upstream socket finds none. (No request
+    // went upstream yet, so no pooled connection can be reused.) Retried
+    // until the gateway's descriptors hold still across the change.
+    let mut limited = false;
+    for _ in 0..50 {
+        let before = open_fds(pid);
+        let mut free = (0u32..).filter(|n| !before.contains(n));
+        let (_, second) = (free.next().unwrap(), free.next().unwrap());
+        set_nofile(pid, u64::from(second), hard);
+        std::thread::sleep(Duration::from_millis(100));
+        if open_fds(pid) == before {
+            limited = true;
+            break;
+        }
+        set_nofile(pid, soft, hard);
+    }
+    assert!(limited, "the gateway's descriptors never held still");
+
+    // (The second waits out Pingora's pause after a refused accept, while
+    // the first one's descriptor is closed.)
+    for _ in 0..2 {
+        let r = chat(&gw, AGENT_KEY, &[]);
+        r.assert_gateway_error(503, "gateway_overloaded");
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert_eq!(r.json()["error"]["retryable"], true);
+    }
+    assert_eq!(
+        received(&mock),
+        0,
+        "nothing could have reached the provider"
+    );
+
+    // Descriptors back: the provider's breaker never counted the shortage,
+    // so the next request goes straight through.
+    set_nofile(pid, soft, hard);
+    let r = chat(&gw, AGENT_KEY, &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-provider"), Some("p"));
+    assert_eq!(received(&mock), 1);
+}

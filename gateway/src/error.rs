@@ -29,6 +29,9 @@ pub enum GatewayError {
     },
     /// Breaker state could not be read: refused (fail closed).
     BreakerUnavailable,
+    /// The gateway ran out of its own sockets (descriptors, local ports):
+    /// no provider was tried, and no breaker counts it.
+    Overloaded(String),
     /// Something inside the gateway went wrong; the request is refused.
     Internal(String),
 }
@@ -46,7 +49,9 @@ impl GatewayError {
             GatewayError::UnsupportedEndpoint { .. } | GatewayError::BadRequest(_) => 400,
             GatewayError::UpstreamUnreachable(_) | GatewayError::UpstreamFailed(_) => 502,
             GatewayError::UpstreamTimeout(_) => 504,
-            GatewayError::CircuitOpen { .. } | GatewayError::BreakerUnavailable => 503,
+            GatewayError::CircuitOpen { .. }
+            | GatewayError::BreakerUnavailable
+            | GatewayError::Overloaded(_) => 503,
             GatewayError::Internal(_) => 500,
         }
     }
@@ -62,6 +67,7 @@ impl GatewayError {
             GatewayError::UpstreamFailed(_) => "upstream_error",
             GatewayError::CircuitOpen { .. } => "circuit_open",
             GatewayError::BreakerUnavailable => "breaker_unavailable",
+            GatewayError::Overloaded(_) => "gateway_overloaded",
             GatewayError::Internal(_) => "internal_error",
         }
     }
@@ -76,7 +82,9 @@ impl GatewayError {
             | GatewayError::UpstreamTimeout(_)
             | GatewayError::UpstreamFailed(_)
             | GatewayError::CircuitOpen { .. } => "upstream_error",
-            GatewayError::BreakerUnavailable | GatewayError::Internal(_) => "gateway_error",
+            GatewayError::BreakerUnavailable
+            | GatewayError::Overloaded(_)
+            | GatewayError::Internal(_) => "gateway_error",
         }
     }
 
@@ -87,6 +95,8 @@ impl GatewayError {
             GatewayError::CircuitOpen { retry_after, .. } => {
                 Some(retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0))
             }
+            // Sockets come back as streams end: soon, but not at once.
+            GatewayError::Overloaded(_) => Some(1),
             _ => None,
         }
     }
@@ -100,6 +110,7 @@ impl GatewayError {
             | GatewayError::UpstreamFailed(_)
             | GatewayError::CircuitOpen { .. }
             | GatewayError::BreakerUnavailable
+            | GatewayError::Overloaded(_)
             | GatewayError::Internal(_) => true,
         }
     }
@@ -116,6 +127,7 @@ impl GatewayError {
             | GatewayError::UpstreamUnreachable(m)
             | GatewayError::UpstreamTimeout(m)
             | GatewayError::UpstreamFailed(m)
+            | GatewayError::Overloaded(m)
             | GatewayError::Internal(m) => m.clone(),
             GatewayError::CircuitOpen {
                 provider,
@@ -137,7 +149,6 @@ impl GatewayError {
         }
     }
 
-    /// The JSON body for this error.
     /// Whether the upstream itself failed (as opposed to a gateway decision).
     pub fn upstream_failed(&self) -> bool {
         matches!(
@@ -195,5 +206,15 @@ mod tests {
             assert_eq!(e.status(), s);
             assert!(e.retryable());
         }
+    }
+
+    #[test]
+    fn the_gateways_own_shortage_is_a_retryable_503_not_an_upstream_failure() {
+        let e = GatewayError::Overloaded("out of sockets".into());
+        assert_eq!((e.status(), e.code()), (503, "gateway_overloaded"));
+        assert_eq!(e.error_type(), "gateway_error");
+        assert_eq!(e.retry_after_secs(), Some(1));
+        assert!(e.retryable());
+        assert!(!e.upstream_failed());
     }
 }

@@ -52,6 +52,7 @@ use pingora::{Error, ErrorSource, ErrorType};
 use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubrequestCtx};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -551,6 +552,25 @@ fn content_type(resp: &ResponseHeader) -> Option<&str> {
 }
 
 /// Maps a Pingora transport error to the error Loopgate answers with.
+/// Whether a connect failure was the gateway's own: Pingora reports a local
+/// socket it could not create or bind (out of descriptors, ephemeral ports,
+/// buffers) as `SocketError`/`BindError`, wrapped in `InternalError` by its
+/// connector. The provider was never reached, so it is not its failure.
+fn local_shortage(e: &Error) -> bool {
+    let local = |t: &ErrorType| matches!(t, ErrorType::SocketError | ErrorType::BindError);
+    local(e.etype())
+        || (e.etype() == &ErrorType::InternalError
+            && e.cause
+                .as_ref()
+                .and_then(|c| {
+                    // Boxed errors become causes boxed once more.
+                    c.downcast_ref::<Box<Error>>()
+                        .map(|b| &**b)
+                        .or_else(|| c.downcast_ref::<Error>())
+                })
+                .is_some_and(|c| local(c.etype())))
+}
+
 fn map_transport_error(e: &Error, provider: &str) -> GatewayError {
     use ErrorType::*;
     match e.etype() {
@@ -807,6 +827,28 @@ impl ProxyHttp for Gateway {
         ctx: &mut Box<RequestCtx>,
         mut e: Box<Error>,
     ) -> Box<Error> {
+        if local_shortage(&e) {
+            // No provider was reached: its breaker must not count this, and
+            // another target would meet the same shortage.
+            if let Some(att) = ctx.attempt.take() {
+                self.breakers.abandon(&att.picked.key, att.picked.ticket);
+            }
+            // At most one line a second: a shortage hits every request.
+            static LOGGED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+            let second = self.clock.now().as_secs();
+            if LOGGED_AT.swap(second, Ordering::Relaxed) != second {
+                log::warn!(
+                    "request {}: no local socket for the upstream connection \
+                     (answered 503 gateway_overloaded): {e}",
+                    ctx.request_id
+                );
+            }
+            ctx.last_failure = Some(GatewayError::Overloaded(
+                "the gateway has no free connection to the provider right now (out of local sockets); retry shortly".into(),
+            ));
+            e.set_retry(false);
+            return e;
+        }
         let ge = map_transport_error(&e, &admission_provider(ctx));
         self.fail_attempt(ctx, FailureKind::Connect, ge);
         e.set_retry(self.can_fallback(session, ctx));
@@ -1315,5 +1357,39 @@ impl ProxyHttp for Gateway {
             self.watchdog.latency(key, ctx.started.elapsed());
         }
         observe::record(self, session, e, ctx, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_socket_shortages_are_told_from_provider_failures() {
+        let emfile = || std::io::Error::from_raw_os_error(24);
+        // As Pingora's connector reports a socket it could not create.
+        let socket = Error::because(ErrorType::SocketError, "failed to create socket", emfile());
+        let wrapped = Error::because(ErrorType::InternalError, "Fail to connect to x", socket);
+        assert!(local_shortage(&wrapped));
+        // Out of ephemeral ports.
+        let ports = Error::because(ErrorType::BindError, "Fail to connect to x", emfile());
+        assert!(local_shortage(&ports));
+        // The provider's side: refused, timed out, unreachable.
+        for t in [
+            ErrorType::ConnectRefused,
+            ErrorType::ConnectTimedout,
+            ErrorType::ConnectNoRoute,
+            ErrorType::ConnectError,
+        ] {
+            assert!(!local_shortage(&Error::new(t)));
+        }
+        // Some other internal error is not a socket shortage.
+        let other = Error::because(
+            ErrorType::InternalError,
+            "x",
+            Error::new(ErrorType::ConnectError),
+        );
+        assert!(!local_shortage(&other));
+        assert!(!local_shortage(&Error::new(ErrorType::InternalError)));
     }
 }
