@@ -130,8 +130,8 @@ impl AgentKeys {
     pub fn new(agent: &str) -> AgentKeys {
         let key = |suffix: &str| Arc::from(format!("{agent}{suffix}"));
         AgentKeys {
-            rpm: key(RPM),
-            tpm: key(TPM),
+            rpm: key(":rpm"),
+            tpm: key(":tpm"),
             day: key(":budget:day"),
             inflight: key(":inflight"),
         }
@@ -170,9 +170,6 @@ impl Verdict {
     }
 }
 
-/// Key suffixes of the per-minute windows.
-const RPM: &str = ":rpm";
-const TPM: &str = ":tpm";
 const MINUTE: Duration = Duration::from_secs(60);
 
 impl AgentRules {
@@ -321,7 +318,7 @@ impl AgentRules {
                 Ok(LimitsTaken {
                     settle_keys: windows
                         .iter()
-                        .filter(|w| !self.is_key(&w.key, RPM))
+                        .filter(|w| w.key != self.keys.rpm)
                         .map(|w| w.key.clone())
                         .collect(),
                     lease,
@@ -394,11 +391,6 @@ impl AgentRules {
         (windows, slots)
     }
 
-    /// Whether `key` is this agent's key with `suffix`, without building it.
-    fn is_key(&self, key: &str, suffix: &str) -> bool {
-        key.strip_prefix(&*self.name) == Some(suffix)
-    }
-
     /// The denial for a store refusal of the takes from [`Self::limit_takes`].
     pub fn refusal_deny(
         &self,
@@ -440,7 +432,7 @@ impl AgentRules {
             }
             Refusal::Window { index, retry_after } => {
                 let w = &windows[*index];
-                let what = if self.is_key(&w.key, TPM) {
+                let what = if w.key == self.keys.tpm {
                     "tokens"
                 } else {
                     "requests"

@@ -551,7 +551,6 @@ fn content_type(resp: &ResponseHeader) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
-/// Maps a Pingora transport error to the error Loopgate answers with.
 /// Whether a connect failure was the gateway's own: Pingora reports a local
 /// socket it could not create or bind (out of descriptors, ephemeral ports,
 /// buffers) as `SocketError`/`BindError`, wrapped in `InternalError` by its
@@ -571,17 +570,21 @@ fn local_shortage(e: &Error) -> bool {
                 .is_some_and(|c| local(c.etype())))
 }
 
+/// Maps a Pingora transport error to the error Loopgate answers with.
 fn map_transport_error(e: &Error, provider: &str) -> GatewayError {
     use ErrorType::*;
+    if local_shortage(e) {
+        return GatewayError::Overloaded(
+            "the gateway has no free connection to the provider right now (out of local sockets); retry shortly".into(),
+        );
+    }
     match e.etype() {
         ConnectTimedout | ConnectRefused | ConnectNoRoute | TLSWantX509Lookup
         | TLSHandshakeFailure | TLSHandshakeTimedout | InvalidCert | HandshakeError
-        | ConnectError | BindError | SocketError | ConnectProxyFailure => {
-            GatewayError::UpstreamUnreachable(format!(
-                "could not connect to provider `{provider}` ({})",
-                e.etype().as_str()
-            ))
-        }
+        | ConnectError | ConnectProxyFailure => GatewayError::UpstreamUnreachable(format!(
+            "could not connect to provider `{provider}` ({})",
+            e.etype().as_str()
+        )),
         ReadTimedout | WriteTimedout => {
             GatewayError::UpstreamTimeout(format!("provider `{provider}` did not answer in time"))
         }
@@ -827,7 +830,8 @@ impl ProxyHttp for Gateway {
         ctx: &mut Box<RequestCtx>,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        if local_shortage(&e) {
+        let ge = map_transport_error(&e, &admission_provider(ctx));
+        if let GatewayError::Overloaded(_) = ge {
             // No provider was reached: its breaker must not count this, and
             // another target would meet the same shortage.
             if let Some(att) = ctx.attempt.take() {
@@ -843,13 +847,10 @@ impl ProxyHttp for Gateway {
                     ctx.request_id
                 );
             }
-            ctx.last_failure = Some(GatewayError::Overloaded(
-                "the gateway has no free connection to the provider right now (out of local sockets); retry shortly".into(),
-            ));
+            ctx.last_failure = Some(ge);
             e.set_retry(false);
             return e;
         }
-        let ge = map_transport_error(&e, &admission_provider(ctx));
         self.fail_attempt(ctx, FailureKind::Connect, ge);
         e.set_retry(self.can_fallback(session, ctx));
         e
@@ -1391,5 +1392,19 @@ mod tests {
         );
         assert!(!local_shortage(&other));
         assert!(!local_shortage(&Error::new(ErrorType::InternalError)));
+        // The mapping every hook answers with follows the same line.
+        assert_eq!(
+            map_transport_error(&wrapped, "p").code(),
+            "gateway_overloaded"
+        );
+        assert_eq!(
+            map_transport_error(&ports, "p").code(),
+            "gateway_overloaded"
+        );
+        let refused = Error::new(ErrorType::ConnectRefused);
+        assert_eq!(
+            map_transport_error(&refused, "p").code(),
+            "upstream_unreachable"
+        );
     }
 }
