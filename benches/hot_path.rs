@@ -1,7 +1,9 @@
 //! Criterion: the hot-path pieces besides policy evaluation (see
 //! `policy.rs`): request fingerprinting, a breaker check and record, usage
 //! scanning (SSE per chunk, a whole JSON response), and admitting through
-//! the memory store.
+//! the memory store: a typical admission, and a refusal by a daily token
+//! budget that a busy day has filled (its cost and the store's memory must
+//! not grow with the day's requests).
 //!
 //! Run: cargo bench -p loopgate-benches --bench hot_path
 
@@ -115,13 +117,55 @@ fn bench(c: &mut Criterion) {
         rt.block_on(async {
             let out = store.admit(t, &windows, &slots).await.unwrap();
             if let loopgate_policy::AdmitOutcome::Taken { lease, .. } = out {
-                store.release(&lease).await.unwrap();
+                store.finish(t, &lease, &[]).await.unwrap();
             }
         })
     };
     report_allocations("store_admit_and_release", 1000, &mut admit_and_release);
     c.bench_function("store_admit_and_release", |b| {
         b.iter(&mut admit_and_release)
+    });
+
+    // A daily budget after a busy day: 200,000 small admissions (one every
+    // 400 ms, about 22 hours) filled it. A request reserving 10,000 more is
+    // refused, and the refusal must say when that much has aged out.
+    const DAY_ADMISSIONS: u64 = 200_000;
+    let day = [WindowTake {
+        key: "a:budget:day".into(),
+        limit: DAY_ADMISSIONS,
+        window: Duration::from_secs(86_400),
+        cost: 1,
+        enforce: true,
+    }];
+    let busy = MemoryStore::new();
+    let before = loopgate_benches::resident_bytes();
+    let mut t = Duration::from_secs(1);
+    rt.block_on(async {
+        for _ in 0..DAY_ADMISSIONS {
+            t += Duration::from_millis(400);
+            if let loopgate_policy::AdmitOutcome::Taken { lease, .. } =
+                busy.admit(t, &day, &[]).await.unwrap()
+            {
+                busy.finish(t, &lease, &[]).await.unwrap();
+            }
+        }
+    });
+    println!(
+        "memory store after {DAY_ADMISSIONS} admissions into one daily budget: {:.1} MB more resident",
+        loopgate_benches::resident_bytes().saturating_sub(before) as f64 / 1e6
+    );
+    let big = [WindowTake {
+        cost: 10_000,
+        ..day[0].clone()
+    }];
+    let mut refused = || {
+        rt.block_on(async {
+            let out = busy.admit(t, &big, &[]).await.unwrap();
+            assert!(matches!(out, loopgate_policy::AdmitOutcome::Refused(_)));
+        })
+    };
+    c.bench_function("store_refused_by_a_full_daily_budget", |b| {
+        b.iter(&mut refused)
     });
 }
 

@@ -58,3 +58,12 @@ pub fn report_allocations(name: &str, calls: u64, f: impl FnMut()) {
         allocations_per_call(calls, f)
     );
 }
+
+/// This process's resident memory in bytes (`/proc/self/statm`; 0 where
+/// there is none), for benches that report what a structure costs to hold.
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}

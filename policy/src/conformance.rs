@@ -7,7 +7,8 @@
 //! `now` argument, so stores must judge by it, not by their own clocks.
 
 use crate::store::{
-    AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Refusal, SlotTake, StateStore, WindowTake,
+    slice_end, slice_of, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Refusal, SlotTake,
+    StateStore, WindowTake,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +50,7 @@ pub async fn run_all(store: Arc<dyn StateStore>, prefix: &str, t0: Duration) {
     dry_run_takes_and_reports(&*store, &format!("{prefix}w4:"), t0).await;
     slots_are_held_until_released(&*store, &format!("{prefix}s1:"), t0).await;
     settle_replaces_the_estimate(&*store, &format!("{prefix}w5:"), t0).await;
+    a_busy_budget_settles_each_lease_once(&*store, &format!("{prefix}w6:"), t0).await;
     idempotency_records(&*store, &format!("{prefix}i1:"), t0).await;
     concurrent_admissions_never_exceed(store.clone(), &format!("{prefix}c1:"), t0).await;
     records_swap_only_from_the_version_read(&*store, &format!("{prefix}r1:"), t0).await;
@@ -94,8 +96,8 @@ pub async fn records_swap_only_from_the_version_read(
         .unwrap());
 }
 
-/// N fit in a window, the N+1st is refused with the exact wait, and fits
-/// once the oldest entry has aged out.
+/// N fit in a window, the N+1st is refused with the exact wait (until the
+/// oldest admission's slice has aged out), and fits exactly then.
 pub async fn windows_admit_up_to_the_limit_and_say_when(
     store: &dyn StateStore,
     p: &str,
@@ -113,21 +115,70 @@ pub async fn windows_admit_up_to_the_limit_and_say_when(
         assert_eq!(remaining, vec![2 - i], "windows: remaining after {i}");
     }
     let now = t0 + 2500 * MS;
+    let leaves = slice_end(t0, MIN) + MIN;
     let out = store.admit(now, &w, &[]).await.unwrap();
     assert_eq!(
         out,
         AdmitOutcome::Refused(Refusal::Window {
             index: 0,
-            retry_after: Some(MIN - 2500 * MS)
+            retry_after: Some(leaves - now)
         }),
         "windows: the 4th waits until the first ages out"
     );
-    // One millisecond early: still full; exactly then: fits.
     assert!(
-        !taken(store, t0 + MIN - MS, &w, &[]).await,
-        "windows: early"
+        leaves - t0 > MIN && leaves - t0 <= MIN + slice_of(MIN),
+        "windows: at most one slice (100 ms) past the exact time"
     );
-    assert!(taken(store, t0 + MIN, &w, &[]).await, "windows: on time");
+    // One millisecond early: still full; exactly then: fits.
+    assert!(!taken(store, leaves - MS, &w, &[]).await, "windows: early");
+    assert!(taken(store, leaves, &w, &[]).await, "windows: on time");
+}
+
+/// A busy window does not keep one entry per admission: after a day's worth
+/// of admissions (one a minute) the wait it reports still reaches back at
+/// most a day and a slice, and finished leases cannot be settled again.
+pub async fn a_busy_budget_settles_each_lease_once(store: &dyn StateStore, p: &str, t0: Duration) {
+    let key = format!("{p}day");
+    let day = Duration::from_secs(86_400);
+    let take = |cost| WindowTake {
+        window: day,
+        ..window(key.clone(), 10_000, cost)
+    };
+    let mut last = None;
+    for i in 0..1440u32 {
+        let now = t0 + MIN * i;
+        let AdmitOutcome::Taken { lease, .. } = store.admit(now, &[take(6)], &[]).await.unwrap()
+        else {
+            panic!("busy: refused at {i}");
+        };
+        store
+            .finish(now, &lease, &[(key.as_str(), 5)])
+            .await
+            .unwrap();
+        last = Some(lease);
+    }
+    // 1,440 x 5 = 7,200 of 10,000; a settle of a finished lease changes nothing.
+    let now = t0 + MIN * 1440;
+    store
+        .settle(now, last.as_ref().unwrap(), &key, 0)
+        .await
+        .unwrap();
+    let out = store.admit(now, &[take(2_800)], &[]).await.unwrap();
+    let AdmitOutcome::Taken { remaining, .. } = out else {
+        panic!("busy: 7,200 + 2,800 of 10,000 refused: {out:?}");
+    };
+    assert_eq!(remaining, vec![0]);
+    // Full: 5 more fit once the first admission's slice has aged out.
+    let out = store.admit(now, &[take(5)], &[]).await.unwrap();
+    let leaves = slice_end(t0, day) + day;
+    assert_eq!(
+        out,
+        AdmitOutcome::Refused(Refusal::Window {
+            index: 0,
+            retry_after: Some(leaves - now)
+        }),
+        "busy: waits for the oldest slice"
+    );
 }
 
 /// A refusal by one limit takes nothing from the others.

@@ -52,8 +52,8 @@ pub use phrases::PhraseMatcher;
 pub use rewrite::replace_model;
 pub use rules::{AgentKeys, AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, Verdict};
 pub use store::{
-    AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease, MemoryStore, Refusal, SlotTake,
-    StateStore, StoreError, WindowTake,
+    slice_end, slice_of, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease, MemoryStore,
+    Refusal, SlotTake, StateStore, StoreError, WindowTake, SLICES,
 };
 pub use usage::{Usage, UsageScanner};
 pub use watchdog::{Level, Reading, RedAction, Thresholds, Watchdog, WatchdogConfig};

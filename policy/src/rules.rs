@@ -792,7 +792,8 @@ mod tests {
         .unwrap_err();
         assert_eq!(d.code, DenyCode::BudgetExceeded);
         // The daily budget (5000) refuses with a true Retry-After: the
-        // first reservation, at 0 s, leaves the window at 86 400 s.
+        // first reservation, at 0 s, leaves the window with its slice (the
+        // first 144 s) at 86 544 s.
         let tasks = ["t3", "t4", "t5", "t6", "t7", "t8"];
         let d = tasks
             .iter()
@@ -806,7 +807,7 @@ mod tests {
             .expect("the daily budget runs out");
         assert_eq!(
             (d.code, d.retryable, d.retry_after_secs()),
-            (DenyCode::BudgetExceeded, true, Some(86_390))
+            (DenyCode::BudgetExceeded, true, Some(86_534))
         );
     }
 
@@ -857,11 +858,15 @@ mod tests {
         }
         clock.advance(Duration::from_secs(20));
         let d = block_on(r.admit_limits(&store, clock.now(), &one(), &mut v)).unwrap_err();
+        // The first two leave the window at the end of their 100 ms slice
+        // plus a minute: 40.1 s from now, 41 in whole seconds.
         assert_eq!(
             (d.code, d.retry_after_secs()),
-            (DenyCode::RateLimited, Some(40))
+            (DenyCode::RateLimited, Some(41))
         );
         clock.advance(Duration::from_secs(40));
+        assert!(block_on(r.admit_limits(&store, clock.now(), &one(), &mut v)).is_err());
+        clock.advance(Duration::from_secs(1));
         block_on(r.admit_limits(&store, clock.now(), &one(), &mut v)).unwrap();
     }
 }

@@ -1,9 +1,12 @@
 //! The Redis implementation of [`StateStore`].
 //!
 //! Layout (every key under `key_prefix`, every key with a TTL or a bound):
-//! - `w:{key}` zset lease -> admission time, `wc:{key}` hash lease -> cost
-//!   plus `_sum`: one sliding window (a log, like the memory store's), kept
-//!   for the window plus a minute after its newest entry;
+//! - `w:{key}` zset of slice ends, `wc:{key}` hash slice end -> cost, plus
+//!   `_sum` and `l{lease}` -> `end:cost` for each lease not yet finished:
+//!   one sliding window in slices, like the memory store's (at most ~600
+//!   slices however busy), kept for the window plus a minute after its
+//!   newest slice. (A lease whose instance died before finishing leaves its
+//!   `l{lease}` field until the window goes idle and expires.)
 //! - `s:{key}` zset lease -> lease expiry: concurrency slots. A slot whose
 //!   lease is not renewed (its instance died) is dropped by the next
 //!   admission after the expiry; live leases are renewed in the background;
@@ -26,8 +29,8 @@
 
 use async_trait::async_trait;
 use loopgate_policy::{
-    AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease, Refusal, SlotTake, StateStore,
-    StoreError, WindowTake,
+    slice_of, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease, Refusal, SlotTake,
+    StateStore, StoreError, WindowTake,
 };
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Script, Value};
@@ -405,6 +408,7 @@ impl StateStore for RedisStore {
         for w in windows {
             inv.arg(w.limit)
                 .arg(ms(w.window))
+                .arg(ms(slice_of(w.window)))
                 .arg(w.cost)
                 .arg(u8::from(w.enforce));
         }
@@ -474,26 +478,24 @@ impl StateStore for RedisStore {
         lease: &Lease,
         settle: &[(&str, u64)],
     ) -> Result<(), StoreError> {
-        let settle: Vec<&(&str, u64)> = settle
-            .iter()
-            .filter(|(k, _)| lease.holds_window(k))
-            .collect();
-        if settle.is_empty() && lease.slots().is_empty() {
+        if lease.windows().is_empty() && lease.slots().is_empty() {
             return Ok(());
         }
         if let Ok(mut held) = self.inner.held.lock() {
             held.remove(&lease.id);
         }
         let mut inv = self.inner.scripts.finish.prepare_invoke();
-        for (k, _) in &settle {
+        for k in lease.windows() {
             inv.key(self.key("wc", k));
         }
         for k in lease.slots() {
             inv.key(self.key("s", k));
         }
-        inv.arg(lease.id).arg(settle.len());
-        for (_, actual) in &settle {
-            inv.arg(*actual);
+        inv.arg(lease.id).arg(lease.windows().len());
+        for k in lease.windows() {
+            // -1: keep the cost taken (only forget the lease).
+            let actual = settle.iter().find(|(s, _)| *s == &**k).map(|(_, a)| *a);
+            inv.arg(actual.map_or(-1, |a| i64::try_from(a).unwrap_or(i64::MAX)));
         }
         self.call("finish", |mut c| async move {
             inv.invoke_async::<i64>(&mut c).await

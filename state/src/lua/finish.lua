@@ -1,15 +1,28 @@
 -- Ends an admission in one round trip: settles the lease's cost in each
--- window (sets, never adds: a repeat changes nothing) and frees its slots.
--- KEYS: n_settle window cost hashes, then the slot zsets.
--- ARGV: lease, n_settle, then one actual cost per settled window.
+-- window it took from (sets, never adds), forgets the lease there (a repeat
+-- changes nothing) and frees its slots.
+-- KEYS: the lease's n_windows window cost hashes, then its slot zsets.
+-- ARGV: lease, n_windows, then per window the actual cost, or -1 to keep
+-- the cost taken.
 local lease, n = ARGV[1], tonumber(ARGV[2])
+local field = 'l' .. lease
 for i = 1, n do
-  local h = KEYS[i]
-  local old = tonumber(redis.call('HGET', h, lease))
-  if old then
-    local sum = (tonumber(redis.call('HGET', h, '_sum')) or 0) - old + tonumber(ARGV[2 + i])
-    if sum < 0 then sum = 0 end
-    redis.call('HSET', h, lease, ARGV[2 + i], '_sum', sum)
+  local h, actual = KEYS[i], tonumber(ARGV[2 + i])
+  local rec = redis.call('HGET', h, field)
+  if rec then
+    if actual >= 0 then
+      local e, old = string.match(rec, '^(%d+):(%d+)$')
+      old = tonumber(old)
+      local c = tonumber(redis.call('HGET', h, e))
+      if c then
+        c = c - old + actual
+        if c < 0 then c = 0 end
+        local sum = (tonumber(redis.call('HGET', h, '_sum')) or 0) - old + actual
+        if sum < 0 then sum = 0 end
+        redis.call('HSET', h, e, c, '_sum', sum)
+      end
+    end
+    redis.call('HDEL', h, field)
   end
 end
 for i = n + 1, #KEYS do
