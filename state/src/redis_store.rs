@@ -72,11 +72,17 @@ impl Scripts {
     fn new() -> Scripts {
         Scripts {
             admit: Script::new(include_str!("lua/admit.lua")),
-            settle: Script::new(include_str!("lua/settle.lua")),
+            settle: Script::new(concat!(
+                include_str!("lua/lease.lua"),
+                include_str!("lua/settle.lua")
+            )),
             idem_begin: Script::new(include_str!("lua/idem_begin.lua")),
             idem_finish: Script::new(include_str!("lua/idem_finish.lua")),
             record_swap: Script::new(include_str!("lua/record_swap.lua")),
-            finish: Script::new(include_str!("lua/finish.lua")),
+            finish: Script::new(concat!(
+                include_str!("lua/lease.lua"),
+                include_str!("lua/finish.lua")
+            )),
         }
     }
 }

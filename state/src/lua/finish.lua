@@ -10,18 +10,7 @@ for i = 1, n do
   local h, actual = KEYS[i], tonumber(ARGV[2 + i])
   local rec = redis.call('HGET', h, field)
   if rec then
-    if actual >= 0 then
-      local e, old = string.match(rec, '^(%d+):(%d+)$')
-      old = tonumber(old)
-      local c = tonumber(redis.call('HGET', h, e))
-      if c then
-        c = c - old + actual
-        if c < 0 then c = 0 end
-        local sum = (tonumber(redis.call('HGET', h, '_sum')) or 0) - old + actual
-        if sum < 0 then sum = 0 end
-        redis.call('HSET', h, e, c, '_sum', sum)
-      end
-    end
+    if actual >= 0 then set_lease_cost(h, rec, actual) end
     redis.call('HDEL', h, field)
   end
 end

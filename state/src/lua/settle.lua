@@ -5,15 +5,6 @@
 local h, field, actual = KEYS[1], 'l' .. ARGV[1], tonumber(ARGV[2])
 local rec = redis.call('HGET', h, field)
 if not rec then return 0 end
-local e, old = string.match(rec, '^(%d+):(%d+)$')
-old = tonumber(old)
-local c = tonumber(redis.call('HGET', h, e))
-if c then
-  c = c - old + actual
-  if c < 0 then c = 0 end
-  local sum = (tonumber(redis.call('HGET', h, '_sum')) or 0) - old + actual
-  if sum < 0 then sum = 0 end
-  redis.call('HSET', h, e, c, '_sum', sum)
-end
+local e = set_lease_cost(h, rec, actual)
 redis.call('HSET', h, field, e .. ':' .. actual)
 return 1

@@ -1,0 +1,19 @@
+-- Shared by settle.lua and finish.lua (prepended to each when loaded).
+-- Sets the cost an open lease took from a window (hash `h`; `rec`, the
+-- lease's field, is "slice end:cost") to `actual`: sets, never adds, so a
+-- repeat changes nothing. A slice that aged out has nothing left to
+-- correct. Returns the slice end.
+local function set_lease_cost(h, rec, actual)
+  local e, old = string.match(rec, '^(%d+):(%d+)$')
+  old = tonumber(old)
+  local c = tonumber(redis.call('HGET', h, e))
+  if c then
+    c = c - old + actual
+    if c < 0 then c = 0 end
+    local sum = (tonumber(redis.call('HGET', h, '_sum')) or 0) - old + actual
+    if sum < 0 then sum = 0 end
+    redis.call('HSET', h, e, c, '_sum', sum)
+  end
+  return e
+end
+
