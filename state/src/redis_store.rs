@@ -5,8 +5,9 @@
 //!   `_sum` and `l{lease}` -> `end:cost` for each lease not yet finished:
 //!   one sliding window in slices, like the memory store's (at most ~600
 //!   slices however busy), kept for the window plus a minute after its
-//!   newest slice. (A lease whose instance died before finishing leaves its
-//!   `l{lease}` field until the window goes idle and expires.)
+//!   newest slice; `wo:{key}` zset open lease -> its slice end, so a lease
+//!   whose instance died before finishing is forgotten when its slice ages
+//!   out;
 //! - `s:{key}` zset lease -> lease expiry: concurrency slots. A slot whose
 //!   lease is not renewed (its instance died) is dropped by the next
 //!   admission after the expiry; live leases are renewed in the background;
@@ -401,7 +402,9 @@ impl StateStore for RedisStore {
     ) -> Result<AdmitOutcome, StoreError> {
         let mut inv = self.inner.scripts.admit.prepare_invoke();
         for w in windows {
-            inv.key(self.key("w", &w.key)).key(self.key("wc", &w.key));
+            inv.key(self.key("w", &w.key))
+                .key(self.key("wc", &w.key))
+                .key(self.key("wo", &w.key));
         }
         for s in slots {
             inv.key(self.key("s", &s.key));
@@ -492,7 +495,7 @@ impl StateStore for RedisStore {
         }
         let mut inv = self.inner.scripts.finish.prepare_invoke();
         for k in lease.windows() {
-            inv.key(self.key("wc", k));
+            inv.key(self.key("wc", k)).key(self.key("wo", k));
         }
         for k in lease.slots() {
             inv.key(self.key("s", k));

@@ -282,7 +282,12 @@ fn a_busy_daily_budget_stays_small_in_redis() {
             .arg("_sum")
             .query(&mut c)
             .unwrap();
+        let open: u64 = redis::cmd("ZCARD")
+            .arg("t7:wo:agent:budget:day")
+            .query(&mut c)
+            .unwrap();
         assert!((550..=601).contains(&slices), "{slices} slices");
+        assert_eq!(open, 0, "no open lease left");
         assert_eq!(
             fields,
             slices + 1,
@@ -293,5 +298,49 @@ fn a_busy_daily_budget_stays_small_in_redis() {
             20_000 * 250,
             "every admission settled to its actual cost"
         );
+    });
+}
+
+/// A lease whose instance died before finishing is forgotten once its slice
+/// has aged out of the window: its cost leaves with the slice, and neither
+/// its field nor its open-lease entry piles up.
+#[test]
+fn a_dead_instances_open_lease_is_forgotten_with_its_slice() {
+    let redis = Redis::start();
+    rt().block_on(async {
+        let s = connected(&redis.url(), "t8:").await;
+        let w = [WindowTake {
+            key: "agent:tpm".into(),
+            limit: 1000,
+            window: Duration::from_secs(60),
+            cost: 600,
+            enforce: true,
+        }];
+        let t0 = Duration::from_secs(1_700_000_000);
+        let AdmitOutcome::Taken { lease, .. } = s.admit(t0, &w, &[]).await.unwrap() else {
+            panic!("refused");
+        };
+        let mut c = redis::Client::open(redis.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let field = format!("l{}", lease.id);
+        let has = |c: &mut redis::Connection| -> (bool, u64) {
+            let f: bool = redis::cmd("HEXISTS")
+                .arg("t8:wc:agent:tpm")
+                .arg(&field)
+                .query(c)
+                .unwrap();
+            let o: u64 = redis::cmd("ZCARD").arg("t8:wo:agent:tpm").query(c).unwrap();
+            (f, o)
+        };
+        assert_eq!(has(&mut c), (true, 1), "open while in flight");
+        // Never finished. Two minutes on, its slice has aged out.
+        let later = t0 + Duration::from_secs(120);
+        let AdmitOutcome::Taken { remaining, .. } = s.admit(later, &w, &[]).await.unwrap() else {
+            panic!("the dead lease's 600 did not leave with its slice");
+        };
+        assert_eq!(remaining, vec![400]);
+        assert_eq!(has(&mut c), (false, 1), "only the new lease is open");
     });
 }

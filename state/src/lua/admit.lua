@@ -1,8 +1,8 @@
 -- Checks and takes every window and slot of one admission, all or none.
--- KEYS: per window its slices (zset slice end -> end) and costs (hash: slice
---       end -> cost, `_sum`, and `l<lease>` -> "end:cost" per open lease);
---       then per slot its holders (zset lease->expiry); last the lease
---       counter.
+-- KEYS: per window its slices (zset slice end -> end), costs (hash: slice
+--       end -> cost, `_sum`, and `l<lease>` -> "end:cost" per open lease)
+--       and open leases (zset lease -> slice end); then per slot its
+--       holders (zset lease->expiry); last the lease counter.
 -- ARGV: now_ms, n_windows, n_slots, slot_lease_ms,
 --       per window: limit, window_ms, slice_ms, cost, enforce (1/0),
 --       per slot: limit, enforce.
@@ -17,15 +17,24 @@ local slot_ms = tonumber(ARGV[4])
 
 -- Slices whose end plus the window is past: their cost has left. (In
 -- chunks: a window holds ~600 slices, but a log written by an older
--- version held one member per admission.)
-local function drop_expired(z, h, cutoff, sum)
+-- version held one member per admission.) Open leases of those slices are
+-- forgotten too: one whose instance died before finishing cannot pile up.
+local function drop_expired(z, h, o, cutoff, sum)
   while true do
     local old = redis.call('ZRANGEBYSCORE', z, '-inf', cutoff, 'LIMIT', 0, 1000)
-    if #old == 0 then return sum end
+    if #old == 0 then break end
     local costs = redis.call('HMGET', h, unpack(old))
     for j = 1, #costs do sum = sum - (tonumber(costs[j]) or 0) end
     redis.call('HDEL', h, unpack(old))
     redis.call('ZREM', z, unpack(old))
+  end
+  while true do
+    local gone = redis.call('ZRANGEBYSCORE', o, '-inf', cutoff, 'LIMIT', 0, 1000)
+    if #gone == 0 then return sum end
+    local fields = {}
+    for j = 1, #gone do fields[j] = 'l' .. gone[j] end
+    redis.call('HDEL', h, unpack(fields))
+    redis.call('ZREM', o, unpack(gone))
   end
 end
 
@@ -51,12 +60,12 @@ end
 local would = {0, 0, 0}
 local sums = {}
 for i = 1, nw do
-  local z, h = KEYS[2 * i - 1], KEYS[2 * i]
+  local z, h, o = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local a = 4 + (i - 1) * 5
   local limit, win, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4])
   local enforce = ARGV[a + 5] == '1'
   local sum = tonumber(redis.call('HGET', h, '_sum')) or 0
-  sum = drop_expired(z, h, now - win, sum)
+  sum = drop_expired(z, h, o, now - win, sum)
   if sum < 0 then sum = 0 end
   redis.call('HSET', h, '_sum', sum)
   if sum + cost > limit then
@@ -68,7 +77,7 @@ for i = 1, nw do
   sums[i] = sum
 end
 for i = 1, ns do
-  local s = KEYS[2 * nw + i]
+  local s = KEYS[3 * nw + i]
   local a = 4 + nw * 5 + (i - 1) * 2
   local limit, enforce = tonumber(ARGV[a + 1]), ARGV[a + 2] == '1'
   -- Holders whose lease ran out (an instance died) give their slot back.
@@ -82,7 +91,7 @@ end
 local lease = redis.call('INCR', KEYS[#KEYS])
 local out = {1, lease, would[1], would[2], would[3]}
 for i = 1, nw do
-  local z, h = KEYS[2 * i - 1], KEYS[2 * i]
+  local z, h, o = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local a = 4 + (i - 1) * 5
   local limit, win, slice, cost =
     tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
@@ -92,15 +101,17 @@ for i = 1, nw do
   redis.call('ZADD', z, e, ek)
   redis.call('HINCRBY', h, ek, cost)
   redis.call('HSET', h, '_sum', sum, 'l' .. lease, ek .. ':' .. cost)
+  redis.call('ZADD', o, e, lease)
   -- Bounded: the window lives as long as its newest slice can matter.
   redis.call('PEXPIRE', z, win + slice + 60000)
   redis.call('PEXPIRE', h, win + slice + 60000)
+  redis.call('PEXPIRE', o, win + slice + 60000)
   local left = limit - sum
   if left < 0 then left = 0 end
   out[#out + 1] = left
 end
 for i = 1, ns do
-  local s = KEYS[2 * nw + i]
+  local s = KEYS[3 * nw + i]
   redis.call('ZADD', s, now + slot_ms, lease)
   redis.call('PEXPIRE', s, slot_ms * 2 + 60000)
 end
