@@ -329,6 +329,15 @@ impl WindowLog {
         self.sum += cost;
         match self.slices.back_mut() {
             Some(last) if last.end == end => last.cost += cost,
+            Some(last) if last.end > end => {
+                // The window got shorter (a reload changed a task budget's
+                // length): slices stay ordered by end, as Redis's zset keeps
+                // them, so expiry and Retry-After still read them in order.
+                match self.slices.binary_search_by_key(&end, |s| s.end) {
+                    Ok(i) => self.slices[i].cost += cost,
+                    Err(i) => self.slices.insert(i, Slice { end, cost }),
+                }
+            }
             _ => self.slices.push_back(Slice { end, cost }),
         }
         self.open.insert(lease, (end, cost));
@@ -721,6 +730,58 @@ mod tests {
         assert_eq!(
             slice_end(Duration::from_millis(1_300), MIN),
             Duration::from_millis(1_400)
+        );
+    }
+
+    /// A window whose length shrinks (a reload) keeps its slices in order:
+    /// the long window's later slice expires after the short one's.
+    #[test]
+    fn a_shorter_window_keeps_slices_in_order() {
+        let s = MemoryStore::new();
+        let w = |window: Duration, cost| WindowTake {
+            key: "a:budget:task:t".into(),
+            limit: 10,
+            window,
+            cost,
+            enforce: true,
+        };
+        let hour = Duration::from_secs(3600);
+        let t = Duration::from_secs(1000);
+        // Hour slices are 6 s: this one ends at 1002 s.
+        assert!(matches!(
+            admit(&s, t, &[w(hour, 4)], &[]),
+            AdmitOutcome::Taken { .. }
+        ));
+        // Minute slices are 100 ms: this one ends at 1000.1 s, before it.
+        assert!(matches!(
+            admit(&s, t, &[w(MIN, 5)], &[]),
+            AdmitOutcome::Taken { .. }
+        ));
+        {
+            let inner = s.inner.lock().unwrap();
+            let ends: Vec<_> = inner.windows["a:budget:task:t"]
+                .0
+                .slices
+                .iter()
+                .map(|x| x.end)
+                .collect();
+            assert_eq!(
+                ends,
+                [Duration::from_millis(1_000_100), Duration::from_secs(1002)]
+            );
+        }
+        // A minute on, the 5 has left and the 4 (a minute past 1002 s) has not.
+        let later = Duration::from_millis(1_060_100);
+        assert!(matches!(
+            admit(&s, later, &[w(MIN, 6)], &[]),
+            AdmitOutcome::Taken { .. }
+        ));
+        assert_eq!(
+            admit(&s, later, &[w(MIN, 1)], &[]),
+            AdmitOutcome::Refused(Refusal::Window {
+                index: 0,
+                retry_after: Some(Duration::from_millis(1_900))
+            })
         );
     }
 
