@@ -59,11 +59,15 @@ pub fn report_allocations(name: &str, calls: u64, f: impl FnMut()) {
     );
 }
 
-/// This process's resident memory in bytes (`/proc/self/statm`; 0 where
-/// there is none), for benches that report what a structure costs to hold.
+/// This process's resident memory in bytes (`VmRSS` in `/proc/self/status`,
+/// which the kernel reports in kB whatever the page size; 0 where there is
+/// none), for benches that report what a structure costs to hold.
 pub fn resident_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
+    std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * 4096)
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kb| kb * 1024)
 }

@@ -357,12 +357,13 @@ impl WindowLog {
         *taken = actual;
     }
 
-    /// Forgets a finished lease, and any whose slice aged out (an open
-    /// lease that was never finished cannot pile up).
+    /// Forgets a finished lease: a later settle of it changes nothing.
     fn close(&mut self, lease: u64) {
         self.open.remove(&lease);
     }
 
+    /// Forgets open leases whose slice aged out (run by the sweep), so one
+    /// that was never finished cannot pile up.
     fn forget_aged(&mut self, now: Duration, window: Duration) {
         self.open.retain(|_, (end, _)| *end + window > now);
     }
