@@ -242,10 +242,21 @@ impl Gateway {
                 if let Ok(Some(_)) = child.try_wait() {
                     break; // exited: port taken or bad config; retry or fail below
                 }
-                if health_pid(admin) == Some(child.id())
-                    && TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok()
-                    && child.try_wait().ok().flatten().is_none()
-                {
+                // Pingora retries a bind that finds its port taken, and the
+                // process lives on meanwhile; so a connect could reach another
+                // process on our port. Only a listening socket the child
+                // holds itself proves the port is ours.
+                let ours = health_pid(admin) == Some(child.id());
+                match listener_on(port, child.id()) {
+                    Listener::Ours if ours => {}
+                    // Someone else's: no use waiting out Pingora's retries.
+                    Listener::Theirs if ours => break,
+                    _ => {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                }
+                if child.try_wait().ok().flatten().is_none() {
                     return Gateway {
                         addr,
                         admin: ([127, 0, 0, 1], admin_port).into(),
@@ -254,7 +265,6 @@ impl Gateway {
                         proc: Proc(child),
                     };
                 }
-                std::thread::sleep(Duration::from_millis(20));
             }
             let _ = child.kill();
             let _ = child.wait();
@@ -296,6 +306,50 @@ pub fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     f()
+}
+
+/// Who listens on 127.0.0.1:`port`, as seen from process `pid`.
+enum Listener {
+    Nobody,
+    Ours,
+    Theirs,
+}
+
+/// Finds the listening socket on 127.0.0.1:`port` in `/proc/net/tcp` and
+/// whether process `pid` holds it among its open file descriptors.
+fn listener_on(port: u16, pid: u32) -> Listener {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return Listener::Nobody;
+    };
+    // Columns: sl local_address rem_address st ... uid timeout inode.
+    // 0100007F is 127.0.0.1 in the kernel's byte order; 0A is LISTEN.
+    let local = format!("0100007F:{port:04X}");
+    let sockets: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            (cols.len() > 9 && cols[1] == local && cols[3] == "0A")
+                .then(|| format!("socket:[{}]", cols[9]))
+        })
+        .collect();
+    if sockets.is_empty() {
+        return Listener::Nobody;
+    }
+    let held = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path())
+                    .map(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
+                    .unwrap_or(false)
+            })
+        })
+        .unwrap_or(false);
+    if held {
+        Listener::Ours
+    } else {
+        Listener::Theirs
+    }
 }
 
 /// The pid the admin `/health` at `admin` reports, if any answers.
@@ -500,5 +554,29 @@ impl Redis {
                 Some((cmd.to_string(), calls.parse().ok()?))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod harness {
+    use super::*;
+
+    #[test]
+    fn a_listener_is_told_apart_by_the_process_holding_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut other = Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(matches!(
+            listener_on(port, std::process::id()),
+            Listener::Ours
+        ));
+        assert!(matches!(listener_on(port, other.id()), Listener::Theirs));
+        drop(listener);
+        assert!(matches!(
+            listener_on(port, std::process::id()),
+            Listener::Nobody
+        ));
+        let _ = other.kill();
+        let _ = other.wait();
     }
 }
