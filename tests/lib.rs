@@ -308,6 +308,38 @@ pub fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
+/// Starts a server with `spawn(port)` on a free port, and again on fresh
+/// ports while another process takes the port first. A connect alone could
+/// reach that other process, so the child must hold the listening socket.
+pub fn serve_on_a_free_port(what: &str, mut spawn: impl FnMut(u16) -> Child) -> (Proc, u16) {
+    for _ in 0..5 {
+        let port = free_port();
+        if let Some(proc) = listening(spawn(port), port) {
+            return (proc, port);
+        }
+    }
+    panic!("{what} did not start on a free port (5 tries)");
+}
+
+/// `child` once it listens on 127.0.0.1:`port`; `None` (and the child
+/// stopped) when it exits, someone else holds the port, or 20 s pass.
+fn listening(child: Child, port: u16) -> Option<Proc> {
+    let mut proc = Proc(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = proc.0.try_wait() {
+            return None;
+        }
+        match listener_on(port, proc.0.id()) {
+            Listener::Ours => return Some(proc),
+            // Kept a moment: a restart's predecessor may still be closing.
+            Listener::Theirs | Listener::Nobody => {}
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
 /// Who listens on 127.0.0.1:`port`, as seen from process `pid`.
 enum Listener {
     Nobody,
@@ -503,27 +535,31 @@ pub struct Redis {
 
 impl Redis {
     pub fn start() -> Redis {
-        Redis::start_on(free_port())
+        let (proc, port) = serve_on_a_free_port("redis-server", Redis::spawn);
+        Redis {
+            proc: Some(proc),
+            port,
+        }
     }
 
     /// On `port` (to bring one back where the gateways expect it).
     pub fn start_on(port: u16) -> Redis {
-        let child = Command::new("redis-server")
+        let proc = listening(Redis::spawn(port), port)
+            .unwrap_or_else(|| panic!("redis-server did not start on {port}"));
+        Redis {
+            proc: Some(proc),
+            port,
+        }
+    }
+
+    fn spawn(port: u16) -> Child {
+        Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed (apt-get install -y redis-server)");
-        let redis = Redis {
-            proc: Some(Proc(child)),
-            port,
-        };
-        assert!(
-            eventually(10, || TcpStream::connect(("127.0.0.1", port)).is_ok()),
-            "redis-server did not start on {port}"
-        );
-        redis
+            .expect("redis-server must be installed (apt-get install -y redis-server)")
     }
 
     pub fn url(&self) -> String {

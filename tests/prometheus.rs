@@ -57,19 +57,19 @@ fn a_real_prometheus_scrapes_the_gateway() {
         ),
     )
     .unwrap();
-    let port = free_port();
-    let prom = Command::new("prometheus")
-        .arg(format!("--config.file={}", cfg.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("prometheus (apt-get install prometheus)");
-    let _prom = Proc::from(prom);
+    let (_prom, port) = serve_on_a_free_port("prometheus", |port| {
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (apt-get install prometheus)")
+    });
     let api = format!("http://127.0.0.1:{port}/api/v1");
     let up = eventually(60, || {
         try_curl(&[&format!("{api}/targets")]).is_some_and(|r| {
