@@ -357,8 +357,7 @@ fn the_official_mcp_sdk_works_through_the_gateway() {
         let dir = scratch_dir("mcp-sdk");
         let log = dir.join("calls.jsonl");
         std::fs::write(&log, "").unwrap();
-        let port = free_port();
-        let _server = Proc::from(
+        let (_server, port) = serve_on_a_free_port("the MCP SDK server", |port| {
             std::process::Command::new("python3")
                 .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py"))
                 .args([port.to_string(), mode.to_string()])
@@ -366,13 +365,8 @@ fn the_official_mcp_sdk_works_through_the_gateway() {
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
-                .expect("python3 with the mcp SDK (pip install mcp)"),
-        );
-        assert!(
-            eventually(20, || std::net::TcpStream::connect(("127.0.0.1", port))
-                .is_ok()),
-            "the MCP server did not start"
-        );
+                .expect("python3 with the mcp SDK (pip install mcp)")
+        });
         let server = format!(
             "  sdk:\n    url: \"http://127.0.0.1:{port}/mcp\"\n    writes: [\"delete_*\", \"write_*\"]\n"
         );

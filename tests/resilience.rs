@@ -41,10 +41,16 @@ fn received(mock: &Mock) -> u64 {
 #[test]
 fn a_500_storm_opens_the_breaker_then_exactly_one_probe_closes_it() {
     let mock = Mock::start();
-    let gw = Gateway::start(&config(
-        &[("p", mock.url(), "consecutive_failures: 3, open_ms: 1500")],
-        "[ { provider: p } ]",
-    ));
+    // The probe below is held 2.5 s at the mock, so that the three refused
+    // requests surely fall inside it on a loaded machine; the read timeout
+    // is raised to let it answer.
+    let gw = Gateway::start(
+        &config(
+            &[("p", mock.url(), "consecutive_failures: 3, open_ms: 1500")],
+            "[ { provider: p } ]",
+        )
+        .replace("read_ms: 2000", "read_ms: 6000"),
+    );
     for _ in 0..3 {
         // The only target: its 500 passes through unchanged.
         let r = chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 500"]);
@@ -71,7 +77,15 @@ fn a_500_storm_opens_the_breaker_then_exactly_one_probe_closes_it() {
     let url = gw.url("/v1/chat/completions");
     let key = auth(AGENT_KEY);
     let probe = std::thread::spawn(move || {
-        curl(&[&url, "-H", &key, "-H", "x-mock-latency-ms: 800", "-d", CHAT])
+        curl(&[
+            &url,
+            "-H",
+            &key,
+            "-H",
+            "x-mock-latency-ms: 2500",
+            "-d",
+            CHAT,
+        ])
     });
     assert!(eventually(5, || received(&mock) == 4));
     for _ in 0..3 {
@@ -237,7 +251,7 @@ fn an_active_probe_tests_half_open_instead_of_live_traffic() {
         &[(
             "p",
             mock.url(),
-            "consecutive_failures: 1, open_ms: 700, probe: { path: /v1/models }",
+            "consecutive_failures: 1, open_ms: 1500, probe: { path: /v1/models }",
         )],
         "[ { provider: p } ]",
     ));

@@ -237,7 +237,7 @@ fn a_tool_breaker_opens_on_a_500_storm_and_half_open_sends_only_the_probe() {
     let mock = Mock::start();
     let gw = start(
         &mock,
-        "consecutive_failures: 3, open_ms: 600, probe: { path: /health }",
+        "consecutive_failures: 3, open_ms: 1500, probe: { path: /health }",
     );
     for _ in 0..3 {
         let r = curl(&[
