@@ -321,8 +321,9 @@ pub fn serve_on_a_free_port(what: &str, mut spawn: impl FnMut(u16) -> Child) -> 
     panic!("{what} did not start on a free port (5 tries)");
 }
 
-/// `child` once it listens on 127.0.0.1:`port`; `None` (and the child
-/// stopped) when it exits, someone else holds the port, or 20 s pass.
+/// `child` once it holds the listening socket on 127.0.0.1:`port`; `None`
+/// (and the child stopped) when it exits first, as a server does whose
+/// port another process holds, or when 20 s pass.
 fn listening(child: Child, port: u16) -> Option<Proc> {
     let mut proc = Proc(child);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -332,7 +333,8 @@ fn listening(child: Child, port: u16) -> Option<Proc> {
         }
         match listener_on(port, proc.0.id()) {
             Listener::Ours => return Some(proc),
-            // Kept a moment: a restart's predecessor may still be closing.
+            // Not yet, or the port is taken and the child is about to exit
+            // on its failed bind (or a restart's predecessor is closing).
             Listener::Theirs | Listener::Nobody => {}
         }
         std::thread::sleep(Duration::from_millis(20));
