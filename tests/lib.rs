@@ -208,8 +208,7 @@ impl Gateway {
     /// took one meanwhile.
     pub fn start(yaml: &str) -> Gateway {
         let dir = scratch_dir("gw");
-        // The admin listener tells us which process answers (its pid), so a
-        // port another test's gateway won meanwhile is never mistaken for ours.
+        // Every test gateway has an admin listener (metrics, reload).
         let yaml = if yaml.contains("{ADMIN_PORT}") {
             yaml.to_string()
         } else {
@@ -223,7 +222,7 @@ impl Gateway {
                 .replace("{PORT}", &port.to_string())
                 .replace("{ADMIN_PORT}", &admin_port.to_string());
             std::fs::write(&path, text).expect("write config");
-            let mut child = Command::new(bin())
+            let child = Command::new(bin())
                 .args(["run", "--config"])
                 .arg(&path)
                 .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
@@ -235,39 +234,16 @@ impl Gateway {
                 .stderr(Stdio::inherit())
                 .spawn()
                 .expect("start loopgate run");
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            let admin: SocketAddr = ([127, 0, 0, 1], admin_port).into();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // exited: port taken or bad config; retry or fail below
-                }
-                // Pingora retries a bind that finds its port taken, and the
-                // process lives on meanwhile; so a connect could reach another
-                // process on our port. Only a listening socket the child
-                // holds itself proves the port is ours.
-                let ours = health_pid(admin) == Some(child.id());
-                match listener_on(port, child.id()) {
-                    Listener::Ours if ours => {}
-                    // Someone else's: no use waiting out Pingora's retries.
-                    Listener::Theirs if ours => break,
-                    _ => {
-                        std::thread::sleep(Duration::from_millis(20));
-                        continue;
-                    }
-                }
-                if child.try_wait().ok().flatten().is_none() {
-                    return Gateway {
-                        addr,
-                        admin: ([127, 0, 0, 1], admin_port).into(),
-                        dir,
-                        config_path: path,
-                        proc: Proc(child),
-                    };
-                }
+            // Exits on a bad config; another process on a port: fresh ports.
+            if let Some(proc) = listening(child, &[port, admin_port]) {
+                return Gateway {
+                    addr: ([127, 0, 0, 1], port).into(),
+                    admin: ([127, 0, 0, 1], admin_port).into(),
+                    dir,
+                    config_path: path,
+                    proc,
+                };
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
         panic!("the gateway did not start; config:\n{yaml}");
     }
@@ -314,28 +290,35 @@ pub fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
 pub fn serve_on_a_free_port(what: &str, mut spawn: impl FnMut(u16) -> Child) -> (Proc, u16) {
     for _ in 0..5 {
         let port = free_port();
-        if let Some(proc) = listening(spawn(port), port) {
+        if let Some(proc) = listening(spawn(port), &[port]) {
             return (proc, port);
         }
     }
     panic!("{what} did not start on a free port (5 tries)");
 }
 
-/// `child` once it holds the listening socket on 127.0.0.1:`port`; `None`
-/// (and the child stopped) when it exits first, as a server does whose
-/// port another process holds, or when 20 s pass.
-fn listening(child: Child, port: u16) -> Option<Proc> {
+/// `child` once it holds the listening sockets on 127.0.0.1 at all of
+/// `ports`; `None` (and the child stopped) when it exits first, when another
+/// process holds one of them (the child's bind fails: a server exits on it,
+/// and Pingora retries it for 30 s), or when 20 s pass. A connect alone
+/// could reach that other process.
+fn listening(child: Child, ports: &[u16]) -> Option<Proc> {
     let mut proc = Proc(child);
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         if let Ok(Some(_)) = proc.0.try_wait() {
             return None;
         }
-        match listener_on(port, proc.0.id()) {
-            Listener::Ours => return Some(proc),
-            // Not yet, or the port is taken and the child is about to exit
-            // on its failed bind (or a restart's predecessor is closing).
-            Listener::Theirs | Listener::Nobody => {}
+        let mut all = true;
+        for &port in ports {
+            match listener_on(port, proc.0.id()) {
+                Listener::Ours => {}
+                Listener::Theirs => return None,
+                Listener::Nobody => all = false,
+            }
+        }
+        if all {
+            return Some(proc);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -384,20 +367,6 @@ fn listener_on(port: u16, pid: u32) -> Listener {
     } else {
         Listener::Theirs
     }
-}
-
-/// The pid the admin `/health` at `admin` reports, if any answers.
-fn health_pid(admin: SocketAddr) -> Option<u32> {
-    use std::io::Read;
-    let mut s = TcpStream::connect_timeout(&admin, Duration::from_millis(100)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let body = out.split("\r\n\r\n").nth(1)?;
-    let v: Value = serde_json::from_str(body).ok()?;
-    v["pid"].as_u64().map(|p| p as u32)
 }
 
 /// A response as curl saw it.
@@ -546,7 +515,7 @@ impl Redis {
 
     /// On `port` (to bring one back where the gateways expect it).
     pub fn start_on(port: u16) -> Redis {
-        let proc = listening(Redis::spawn(port), port)
+        let proc = listening(Redis::spawn(port), &[port])
             .unwrap_or_else(|| panic!("redis-server did not start on {port}"));
         Redis {
             proc: Some(proc),
