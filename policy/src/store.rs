@@ -213,7 +213,8 @@ pub trait StateStore: Send + Sync + fmt::Debug {
     /// Ends an admission: settles each `(window key, actual cost)`, forgets
     /// the lease in every window it took from (after this, a settle of it
     /// changes nothing) and releases the slots. A networked store does it
-    /// in one round trip. Call once per lease.
+    /// in one round trip. Call once per lease. (This default settles and
+    /// releases; a store that keeps open leases overrides it to forget them.)
     async fn finish(
         &self,
         now: Duration,
@@ -831,7 +832,8 @@ mod tests {
             );
             assert!(log.open.is_empty(), "{:?}", log.open);
         }
-        // Settling a finished lease changes nothing.
+        // Settling the unfinished lease, forgotten with its aged slice,
+        // changes nothing.
         let before = s.inner.lock().unwrap().windows["a:budget:day"].0.sum;
         futures_lite_block_on(s.settle(now, unfinished.as_ref().unwrap(), "a:budget:day", 0))
             .unwrap();

@@ -34,6 +34,14 @@ async fn connected(url: &str, prefix: &str) -> RedisStore {
     s
 }
 
+/// A plain connection to look at the keys a test's store wrote.
+fn inspect(redis: &Redis) -> redis::Connection {
+    redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
 #[test]
 fn the_redis_store_conforms() {
     let redis = Redis::start();
@@ -265,10 +273,7 @@ fn a_busy_daily_budget_stays_small_in_redis() {
                 .await
                 .unwrap();
         }
-        let mut c = redis::Client::open(redis.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut c = inspect(&redis);
         let slices: u64 = redis::cmd("ZCARD")
             .arg("t7:w:agent:budget:day")
             .query(&mut c)
@@ -320,10 +325,7 @@ fn a_dead_instances_open_lease_is_forgotten_with_its_slice() {
         let AdmitOutcome::Taken { lease, .. } = s.admit(t0, &w, &[]).await.unwrap() else {
             panic!("refused");
         };
-        let mut c = redis::Client::open(redis.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut c = inspect(&redis);
         let field = format!("l{}", lease.id);
         let has = |c: &mut redis::Connection| -> (bool, u64) {
             let f: bool = redis::cmd("HEXISTS")
