@@ -201,7 +201,7 @@ fn the_watchdog_warns_then_degrades_to_the_cheaper_model() {
     let mock = Mock::start();
     let gw = Gateway::start(&config(
         &mock,
-        "    watchdog: { yellow: { steps: 2 }, red: { steps: 3 }, action: degrade, degrade_to: gpt-4o-mini }",
+        "    watchdog: { yellow: { steps: 2 }, red: { steps: 3 }, action: degrade, degrade_to: gpt-4o-mini }\n    loop_guard: { enabled: false }",
     ));
     let r = call(&gw, Some("t"), &[], SMALL);
     assert_eq!((r.status, r.header("x-loopgate-guard")), (200, None));
@@ -226,7 +226,7 @@ fn the_watchdog_can_stop_a_task() {
     let mock = Mock::start();
     let gw = Gateway::start(&config(
         &mock,
-        "    watchdog: { red: { calls_per_minute: 3 }, action: stop }",
+        "    watchdog: { red: { calls_per_minute: 3 }, action: stop }\n    loop_guard: { enabled: false }",
     ));
     for _ in 0..2 {
         assert_eq!(call(&gw, Some("t"), &[], SMALL).status, 200);

@@ -33,6 +33,8 @@ agents:
     max_tokens: 256
     max_messages: 3
     requests_per_minute: 30
+    # These tests repeat one call under one task on purpose.
+    loop_guard: {{ enabled: false }}
   streamer:
     key_sha256: "{streamer}"
     models: [gpt-4o-mini]

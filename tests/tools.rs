@@ -472,7 +472,12 @@ fn expect_json_counts_a_garbage_200_as_a_failure() {
 #[test]
 fn a_task_that_keeps_getting_the_same_failure_is_cut_off_from_the_tool() {
     let mock = Mock::start();
-    let gw = start(&mock, "");
+    // The same failing call, on purpose: the loop guard would stop it first.
+    let yaml = config(&mock, "").replace(
+        "    tool_access:\n      weather:",
+        "    loop_guard: { enabled: false }\n    tool_access:\n      weather:",
+    );
+    let gw = Gateway::start(&yaml);
     let call = |task: &str, extra: &[&str]| {
         let url = gw.url("/tools/weather/v1/forecast");
         let key = auth(AGENT_KEY);
@@ -498,7 +503,7 @@ fn the_task_watchdog_counts_tool_calls() {
     let mock = Mock::start();
     let yaml = config(&mock, "").replace(
         "    tool_access:\n      weather:",
-        "    watchdog: { yellow: { steps: 2 }, red: { steps: 3 }, action: stop }\n    tool_access:\n      weather:",
+        "    watchdog: { yellow: { steps: 2 }, red: { steps: 3 }, action: stop }\n    loop_guard: { enabled: false }\n    tool_access:\n      weather:",
     );
     let gw = Gateway::start(&yaml);
     let call = || {

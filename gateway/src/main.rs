@@ -103,7 +103,13 @@ const DEMO_UPSTREAM_KEY_ENV: &str = "LOOPGATE_DEMO_UPSTREAM_KEY";
 const DEMO_ADMIN_TOKEN_ENV: &str = "LOOPGATE_ADMIN_TOKEN";
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // Pingora's HTTP/1 code dumps a malformed request's raw bytes at debug
+    // level, agents' keys included: those modules never log below info,
+    // whatever RUST_LOG says. Loopgate's own debug lines carry no secrets.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .filter_module("pingora_core::protocols", log::LevelFilter::Info)
+        .filter_module("pingora_proxy", log::LevelFilter::Info)
+        .init();
     let cli = Cli::parse();
     match cli.command {
         Command::Run { config } => run(&config),
@@ -181,6 +187,7 @@ fn mock_options(f: FaultArgs) -> mock::MockOptions {
             chunk_delay_ms: f.chunk_delay_ms,
             reset_after: f.reset_after,
             body: None,
+            upgrade: false,
         },
     }
 }

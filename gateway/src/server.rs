@@ -278,9 +278,8 @@ impl ServeHttp for Admin {
                     }
                 }
             }
-            (p, _, true) if p.starts_with("/admin/breakers/") && p.ends_with("/reset") => {
-                let key = &p["/admin/breakers/".len()..p.len() - "/reset".len()];
-                let key = percent_decode(key);
+            (p, _, true) if breaker_to_reset(p).is_some() => {
+                let key = percent_decode(breaker_to_reset(p).unwrap_or_default());
                 if let Some(s) = &self.shared {
                     // Or the other instances would open it here again.
                     if let Err(e) = s.flags.clear_breaker(&key).await {
@@ -322,6 +321,16 @@ impl ServeHttp for Admin {
     }
 }
 
+/// The breaker key in `/admin/breakers/{key}/reset`; `None` for any other
+/// path, including `/admin/breakers/reset` itself, where the prefix and the
+/// suffix overlap and there is no key.
+fn breaker_to_reset(path: &str) -> Option<&str> {
+    let key = path
+        .strip_prefix("/admin/breakers/")?
+        .strip_suffix("/reset")?;
+    (!key.is_empty()).then_some(key)
+}
+
 /// Decodes `%2F`-style escapes in a breaker key (`provider/agent`).
 fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
@@ -348,7 +357,22 @@ fn percent_decode(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::percent_decode;
+    use super::{breaker_to_reset, percent_decode};
+
+    #[test]
+    fn reset_paths_without_a_key_are_not_resets() {
+        assert_eq!(breaker_to_reset("/admin/breakers/reset"), None);
+        assert_eq!(breaker_to_reset("/admin/breakers//reset"), None);
+        assert_eq!(
+            breaker_to_reset("/admin/breakers/reset/reset"),
+            Some("reset")
+        );
+        assert_eq!(
+            breaker_to_reset("/admin/breakers/openai%2Fa/reset"),
+            Some("openai%2Fa")
+        );
+        assert_eq!(breaker_to_reset("/admin/breakers"), None);
+    }
 
     #[test]
     fn breaker_keys_decode() {

@@ -26,6 +26,14 @@ impl NamePattern {
         }
     }
 
+    /// The entry as the config wrote it (`gpt-4o`, `search_*`).
+    pub fn as_config(&self) -> String {
+        match self {
+            NamePattern::Exact(e) => e.clone(),
+            NamePattern::Prefix(p) => format!("{p}*"),
+        }
+    }
+
     pub fn matches(&self, name: &str) -> bool {
         match self {
             NamePattern::Exact(e) => e == name,
@@ -50,6 +58,32 @@ impl PatternList {
 
     pub fn allows(&self, name: &str) -> bool {
         self.0.iter().any(|p| p.matches(name))
+    }
+
+    /// The first entry admitting `name`: what a metric may be labelled with
+    /// (the config's text, never the agent's).
+    pub fn matching(&self, name: &str) -> Option<&NamePattern> {
+        self.0.iter().find(|p| p.matches(name))
+    }
+
+    /// Path allowlists match by whole segments: `/orders*` admits `/orders`
+    /// and `/orders/7`, never `/orders-admin/purge`; `/v1/city/*` admits
+    /// `/v1/city` and everything below it. A string prefix would let a
+    /// grant for one resource admit its longer-named neighbours.
+    pub fn allows_path(&self, path: &str) -> bool {
+        self.0.iter().any(|p| match p {
+            NamePattern::Exact(e) => e == path,
+            NamePattern::Prefix(pre) if pre.is_empty() || pre == "/" => true,
+            NamePattern::Prefix(pre) => match pre.strip_suffix('/') {
+                Some(dir) => path == dir || path.starts_with(pre.as_str()),
+                None => {
+                    path == pre
+                        || path
+                            .strip_prefix(pre.as_str())
+                            .is_some_and(|rest| rest.starts_with('/'))
+                }
+            },
+        })
     }
 
     pub fn patterns(&self) -> &[NamePattern] {
@@ -82,6 +116,37 @@ mod tests {
         assert!(!l.allows("claude-3-5-sonnet"));
         let all = PatternList::parse(&["*"]).unwrap();
         assert!(all.allows("anything"));
+    }
+
+    #[test]
+    fn path_prefixes_end_at_a_segment_boundary() {
+        let l = PatternList::parse(&["/orders*", "/v1/city/*", "/health"]).unwrap();
+        for ok in [
+            "/orders",
+            "/orders/",
+            "/orders/7/cancel",
+            "/v1/city",
+            "/v1/city/",
+            "/v1/city/Paris",
+            "/health",
+        ] {
+            assert!(l.allows_path(ok), "{ok}");
+        }
+        for bad in [
+            "/orders-admin/purge",
+            "/ordersx",
+            "/v1/cityx",
+            "/v1/cit",
+            "/health/x",
+            "/healthz",
+            "/",
+            "",
+        ] {
+            assert!(!l.allows_path(bad), "{bad}");
+        }
+        assert!(PatternList::parse(&["/*"])
+            .unwrap()
+            .allows_path("/anything/below"));
     }
 
     #[test]

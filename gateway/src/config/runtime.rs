@@ -37,6 +37,9 @@ pub struct Config {
     pub agents: Vec<Arc<AgentRules>>,
     /// Loop guard and watchdog per agent, indexed like `agents`.
     pub guards: Vec<Guards>,
+    /// Per agent (indexed like `agents`): the scoping headers it may send
+    /// upstream (see [`SCOPING_HEADERS`]); every other one is stripped.
+    pub forward_headers: Vec<Vec<http::HeaderName>>,
     /// HTTP tool upstreams by name.
     pub tools: HashMap<String, Arc<Tool>>,
     /// Per agent (indexed like `agents`): the tools it may call, and how.
@@ -444,7 +447,12 @@ impl Provider {
     /// one place a provider key is written anywhere.
     pub fn authorize(&self, req: &mut pingora::http::RequestHeader) -> pingora::Result<()> {
         if let Some((name, value)) = &self.custom_auth {
-            req.insert_header(name.clone(), value.expose())?;
+            // Sensitive: a debug dump of the header map shows no secret.
+            let mut v = http::HeaderValue::from_str(value.expose()).map_err(|e| {
+                pingora::Error::because(pingora::ErrorType::InternalError, "tool credential", e)
+            })?;
+            v.set_sensitive(true);
+            req.insert_header(name.clone(), v)?;
         }
         if let Some(value) = &self.credential_value {
             let name = match self.kind {
@@ -794,6 +802,7 @@ pub fn build(
 
     let mut agents = Vec::new();
     let mut guards = Vec::new();
+    let mut forward_headers = Vec::new();
     let mut tool_access = Vec::new();
     let mut mcp_access = Vec::new();
     let mut keys = KeyIndex::default();
@@ -898,8 +907,17 @@ pub fn build(
         let watchdog_spec = a.watchdog.as_ref().or(spec.policy.watchdog.as_ref());
         let loop_at = pick(a.loop_guard.is_some());
         let watchdog_at = pick(a.watchdog.is_some());
+        // On by default (window 10, repeats 3): a gateway for agents does not
+        // ship with its seat belt unbuckled. `loop_guard: {enabled: false}`
+        // turns it off. It only acts on requests that name a task.
+        let default_loops = spec::LoopGuardSpec::default();
+        forward_headers.push(build_forward_headers(
+            &mut errs,
+            &format!("{at}.forward_headers"),
+            a.forward_headers.as_deref().unwrap_or_default(),
+        ));
         guards.push(Guards {
-            loops: loop_spec.and_then(|l| build_loops(&mut errs, &loop_at, l)),
+            loops: build_loops(&mut errs, &loop_at, loop_spec.unwrap_or(&default_loops)),
             snapshot_dir: loop_spec
                 .and_then(|l| l.snapshot_dir.as_ref())
                 .map(std::path::PathBuf::from),
@@ -1030,6 +1048,7 @@ pub fn build(
         routes,
         agents,
         guards,
+        forward_headers,
         tools,
         tool_access,
         mcp_servers,
@@ -1081,6 +1100,52 @@ fn build_budgets(errs: &mut Errs, at: &str, b: Option<&spec::BudgetsSpec>) -> Bu
         daily_tokens: b.daily_tokens,
         default_max_tokens: b.default_max_tokens.unwrap_or(d.default_max_tokens),
     }
+}
+
+/// Agent headers that change what the upstream does on the gateway's
+/// credential or that speak for the gateway: stripped from every request,
+/// unless an agent's `forward_headers` allows one of the first group.
+/// - re-scope the shared provider key: `openai-organization`,
+///   `openai-project`; enable provider features: `anthropic-beta` (the MCP
+///   connector among them), `anthropic-version` is set by the SDKs and kept;
+/// - change the method a framework runs: `x-http-method-override` and its
+///   spellings (a DELETE under a GET grant);
+/// - speak for the client's address, which only the gateway knows:
+///   `x-forwarded-*`, `forwarded`, `x-real-ip` and the CDN variants.
+pub const SCOPING_HEADERS: [&str; 3] = ["openai-organization", "openai-project", "anthropic-beta"];
+pub const NEVER_FORWARDED: [&str; 11] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "forwarded",
+    "x-real-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "x-client-ip",
+];
+
+fn build_forward_headers(errs: &mut Errs, at: &str, names: &[String]) -> Vec<http::HeaderName> {
+    let mut out = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let lower = n.to_ascii_lowercase();
+        if !SCOPING_HEADERS.contains(&lower.as_str()) {
+            errs.push(
+                format!("{at}[{i}]"),
+                format!(
+                    "`{n}` cannot be forwarded; allowed: {}",
+                    SCOPING_HEADERS.join(", ")
+                ),
+            );
+            continue;
+        }
+        if let Ok(h) = http::HeaderName::from_bytes(lower.as_bytes()) {
+            out.push(h);
+        }
+    }
+    out
 }
 
 fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<LoopConfig> {

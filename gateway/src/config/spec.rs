@@ -402,6 +402,10 @@ pub struct AgentSpec {
     /// MCP servers this agent may use, and what on each.
     #[serde(default)]
     pub mcp_access: BTreeMap<String, McpAccessSpec>,
+    /// Scoping headers this agent may send upstream (`openai-organization`,
+    /// `openai-project`, `anthropic-beta`); stripped otherwise.
+    #[serde(default)]
+    pub forward_headers: Option<Vec<String>>,
     // The rest override the same fields of `policy:` for this agent. They
     // are spelled out twice (here and in `PolicySpec`) on purpose: serde's
     // `flatten` does not work with `deny_unknown_fields`, and strictness wins.
@@ -478,11 +482,12 @@ pub struct PolicySpec {
     pub watchdog: Option<WatchdogSpec>,
 }
 
-/// Loop detection per task (`x-agent-task-id`).
-#[derive(Debug, Clone, Deserialize)]
+/// Loop detection per task (`x-agent-task-id`). On by default with these
+/// defaults; `enabled: false` turns it off.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoopGuardSpec {
-    /// Default true when the section is present.
+    /// Default true.
     #[serde(default)]
     pub enabled: Option<bool>,
     /// Recent fingerprints kept per task. Default 10.

@@ -10,6 +10,9 @@
 //! | `x-mock-chunk-delay-ms: 50` | wait between streamed events |
 //! | `x-mock-reset-after: 3` | drop the connection after this many streamed events |
 //! | `x-mock-body: text` | answer 200 with this raw `text/plain` body instead |
+//! | `x-mock-gzip: 1` | gzip JSON answers (`Content-Encoding: gzip`), asked for or not |
+//! | `x-mock-response-header: name: value` | add this header to the answer (repeatable) |
+//! | `x-mock-upgrade: 1` | answer `101 Switching Protocols` |
 
 use http::HeaderMap;
 
@@ -22,6 +25,31 @@ pub struct Faults {
     pub chunk_delay_ms: u64,
     pub reset_after: Option<usize>,
     pub body: Option<String>,
+    pub upgrade: bool,
+}
+
+/// What the mock adds to every answer of one request (a hostile or broken
+/// upstream): headers of its choice, a compressed body.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResponseFaults {
+    pub gzip: bool,
+    pub headers: Vec<(String, String)>,
+}
+
+impl ResponseFaults {
+    pub fn from_headers(headers: &HeaderMap) -> ResponseFaults {
+        ResponseFaults {
+            gzip: headers
+                .get("x-mock-gzip")
+                .is_some_and(|v| v.as_bytes() == b"1"),
+            headers: headers
+                .get_all("x-mock-response-header")
+                .iter()
+                .filter_map(|v| v.to_str().ok()?.split_once(':'))
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .collect(),
+        }
+    }
 }
 
 impl Default for Faults {
@@ -34,6 +62,7 @@ impl Default for Faults {
             chunk_delay_ms: 0,
             reset_after: None,
             body: None,
+            upgrade: false,
         }
     }
 }
@@ -65,6 +94,12 @@ impl Faults {
         }
         if let Some(v) = num(headers, "x-mock-reset-after") {
             f.reset_after = Some(v);
+        }
+        if headers
+            .get("x-mock-upgrade")
+            .is_some_and(|v| v.as_bytes() == b"1")
+        {
+            f.upgrade = true;
         }
         if let Some(b) = headers.get("x-mock-body").and_then(|v| v.to_str().ok()) {
             f.body = Some(b.to_string());

@@ -167,7 +167,11 @@ async fn serve_connection(mut stream: Stream, state: Arc<MockState>) {
             Ok(true) => {}
             _ => return,
         }
-        if !handle(&mut session, &state).await {
+        let rf = faults::ResponseFaults::from_headers(&session.req_header().headers);
+        if !RESPONSE_FAULTS
+            .scope(rf, handle(&mut session, &state))
+            .await
+        {
             return; // fault: drop the connection mid-response
         }
         match session.finish().await {
@@ -175,6 +179,15 @@ async fn serve_connection(mut stream: Stream, state: Arc<MockState>) {
             _ => return,
         }
     }
+}
+
+tokio::task_local! {
+    /// The current request's [`faults::ResponseFaults`], for the writers.
+    static RESPONSE_FAULTS: faults::ResponseFaults;
+}
+
+fn response_faults() -> faults::ResponseFaults {
+    RESPONSE_FAULTS.try_with(Clone::clone).unwrap_or_default()
 }
 
 /// Serves one request. Returns false when the connection must be dropped.
@@ -249,6 +262,15 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
     } else {
         serde_json::from_slice(&body).ok()
     };
+    if faults.upgrade {
+        let Ok(mut resp) = ResponseHeader::build(101, Some(2)) else {
+            return false;
+        };
+        let _ = resp.insert_header("upgrade", "websocket");
+        let _ = resp.insert_header("connection", "upgrade");
+        let _ = session.write_response_header(Box::new(resp)).await;
+        return false;
+    }
     if let Some(raw) = &faults.body {
         return write_raw(session, raw.as_bytes()).await;
     }
@@ -425,14 +447,29 @@ async fn write_json(
     v: &Value,
     extra: &[(&str, &str)],
 ) -> bool {
-    let body = serde_json::to_vec(v).unwrap_or_default();
-    let Ok(mut resp) = ResponseHeader::build(status, Some(3 + extra.len())) else {
+    let rf = response_faults();
+    let mut body = serde_json::to_vec(v).unwrap_or_default();
+    if rf.gzip {
+        use std::io::Write;
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        if enc.write_all(&body).is_err() {
+            return false;
+        }
+        body = enc.finish().unwrap_or_default();
+    }
+    let Ok(mut resp) = ResponseHeader::build(status, Some(4 + extra.len())) else {
         return false;
     };
     let _ = resp.insert_header("content-type", "application/json");
     let _ = resp.insert_header("content-length", body.len().to_string());
+    if rf.gzip {
+        let _ = resp.insert_header("content-encoding", "gzip");
+    }
     for (k, val) in extra {
         let _ = resp.insert_header(k.to_string(), val.to_string());
+    }
+    for (k, val) in &rf.headers {
+        let _ = resp.append_header(k.to_string(), val.to_string());
     }
     if session.write_response_header(Box::new(resp)).await.is_err() {
         return false;

@@ -96,6 +96,82 @@ fn strip_bearer(v: &[u8]) -> Option<&[u8]> {
     (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ")).then(|| &v[7..])
 }
 
+/// The request body's declared length (`None` without `Content-Length`).
+///
+/// Anything but one `Content-Length` holding one decimal number is
+/// refused: Pingora frames `2000000, 2000000` as 2,000,000 bytes, so a value
+/// the gateway could not read would otherwise skip every size limit while
+/// the body still went through. A `Content-Length` beside
+/// `Transfer-Encoding` is refused too (two framings, two readers).
+pub fn declared_length(req: &pingora::http::RequestHeader) -> Result<Option<u64>, GatewayError> {
+    let bad = |why: &str| {
+        GatewayError::Denied(
+            Deny::new(
+                DenyCode::InvalidRequest,
+                format!("invalid request framing: {why}"),
+            )
+            .never_retryable(),
+        )
+    };
+    let mut values = req.headers.get_all(http::header::CONTENT_LENGTH).iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(bad("more than one Content-Length"));
+    }
+    if req.headers.contains_key(http::header::TRANSFER_ENCODING) {
+        return Err(bad("both Content-Length and Transfer-Encoding"));
+    }
+    let digits = v.as_bytes().trim_ascii();
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(bad("Content-Length must be one decimal number"));
+    }
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|d| d.parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| bad("Content-Length must be one decimal number"))
+}
+
+/// Longest request target (path and query) accepted. The gateway rebuilds
+/// the target under a provider's or tool's base path, and `http::Uri` takes
+/// at most 64 KiB: a longer one would fail there, after admission, as if
+/// the upstream had failed. Agents' calls are far shorter.
+pub const MAX_TARGET_BYTES: usize = 8 * 1024;
+
+/// Refuses, before anything reads the request, a target too long to be
+/// rebuilt and a request for a protocol switch: an upgraded connection
+/// carries bytes no rule judges, and a `101` on a replayed body would leave
+/// the agent's connection out of step with its answers.
+pub fn check_target(req: &pingora::http::RequestHeader) -> Result<(), GatewayError> {
+    let bad = |msg: String| {
+        GatewayError::Denied(Deny::new(DenyCode::InvalidRequest, msg).never_retryable())
+    };
+    let len = req.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
+    if len > MAX_TARGET_BYTES {
+        return Err(bad(format!(
+            "the request target is {len} bytes; at most {MAX_TARGET_BYTES} are accepted"
+        )));
+    }
+    let upgrade = req.headers.contains_key(http::header::UPGRADE)
+        || req
+            .headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .any(|v| {
+                v.as_bytes()
+                    .split(|b| *b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
+            });
+    if upgrade {
+        return Err(bad(
+            "protocol upgrades are not allowed through the gateway".into()
+        ));
+    }
+    Ok(())
+}
+
 /// Reads the whole body, refusing it as soon as it is known to exceed
 /// `limit`: from `Content-Length` before reading anything, or while reading
 /// a chunked body, without buffering the rest.
@@ -106,7 +182,7 @@ fn strip_bearer(v: &[u8]) -> Option<&[u8]> {
 pub async fn read_body(
     session: &mut Session,
     limit: u64,
-    linger: &mut bool,
+    intake: &mut super::buffers::BodyIntake,
 ) -> Result<Bytes, GatewayError> {
     let too_large = || {
         GatewayError::Denied(Deny::new(
@@ -114,12 +190,7 @@ pub async fn read_body(
             format!("request body exceeds the limit of {limit} bytes"),
         ))
     };
-    let declared = session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
+    let declared = declared_length(session.req_header())?;
     // A client that asked to wait (`Expect: 100-continue`) sends the body only
     // after we said so, which we do only once the cheap checks passed.
     let expects_continue = session
@@ -130,7 +201,7 @@ pub async fn read_body(
     if declared.is_some_and(|n| n > limit) {
         // The unread body stays on the wire: this connection cannot be reused.
         session.set_keepalive(None);
-        *linger = !expects_continue;
+        intake.linger = !expects_continue;
         return Err(too_large());
     }
     if expects_continue {
@@ -161,8 +232,14 @@ pub async fn read_body(
         total += chunk.len() as u64;
         if total > limit {
             session.set_keepalive(None);
-            *linger = true;
+            intake.linger = true;
             return Err(too_large());
+        }
+        // Counted before it is kept; refused, the rest stays unread (the
+        // connection closes: nothing lingers to read it off).
+        if let Err(e) = intake.grow(chunk.len() as u64) {
+            session.set_keepalive(None);
+            return Err(e);
         }
         match gathered.as_mut() {
             Some(buf) => buf.extend_from_slice(&chunk),
@@ -208,7 +285,7 @@ pub async fn admit(
     agent_idx: usize,
     endpoint: Endpoint,
     request_id: &str,
-    linger: &mut bool,
+    intake: &mut super::buffers::BodyIntake,
 ) -> Result<Admitted, GatewayError> {
     let rules = &cfg.agents[agent_idx];
     let mut verdict = Verdict::default();
@@ -223,8 +300,17 @@ pub async fn admit(
     if !endpoint.has_body() {
         return Ok(Admitted::ListModels(agent_idx, verdict));
     }
-    let body = read_body(session, rules.max_body_bytes, linger).await?;
+    let body = read_body(session, rules.max_body_bytes, intake).await?;
     let facts = inspect_body(endpoint, &body, rules.phrases.as_deref())?;
+    if facts.model.bytes().any(|b| b < 0x20 || b == 0x7f) {
+        // It is echoed in headers and logs; no provider names a model so.
+        return Err(Deny::new(
+            DenyCode::InvalidRequest,
+            "`model` must not contain control characters",
+        )
+        .never_retryable()
+        .into());
+    }
     rules.check_body(&facts, &mut verdict)?;
     let find_route = |model: &str| {
         let found = cfg.routes.find(model).ok_or_else(|| {
@@ -245,37 +331,11 @@ pub async fn admit(
     let mut model = facts.model.clone();
     let mut body = body;
 
-    // Agent guards, per task: loops, then the watchdog.
+    // Limits before the task guards: a request the limits refuse leaves no
+    // loop or watchdog state behind (a refused agent cannot grow it), and
+    // what the guards then refuse gives its reservation back.
     let task = task_id(session);
     let task_key = task.map(|t| format!("{}/{t}", rules.name));
-    let agent_guards = &cfg.guards[agent_idx];
-    if let (Some(loops), Some(key)) = (&agent_guards.loops, &task_key) {
-        let deny =
-            guards::check_loop(state, rules, agent_guards, loops, key, endpoint, &body).await?;
-        verdict.judge_external(rules, deny)?;
-    }
-    let mut guard = None;
-    let mut degraded_from = None;
-    if let (Some(wd), Some(key)) = (&agent_guards.watchdog, &task_key) {
-        match guards::watch(state, rules, wd, key)? {
-            guards::Watch::Green => {}
-            guards::Watch::Warn => guard = Some("warn"),
-            guards::Watch::Stop(deny) => verdict.judge_external(rules, Some(deny))?,
-            guards::Watch::Degrade(to) if to != model => {
-                let (name, r) = find_route(&to)?;
-                if let Some(rewritten) = replace_model(&body, &to) {
-                    body = Bytes::from(rewritten);
-                    degraded_from = Some(std::mem::replace(&mut model, to));
-                    route_name = name;
-                    route = r;
-                    guard = Some("degraded");
-                }
-            }
-            guards::Watch::Degrade(_) => guard = Some("warn"),
-        }
-    }
-
-    // Limits last: only a request that passed every rule uses up capacity.
     let limit_req = LimitRequest {
         extra: &[],
         estimated_prompt: facts.estimated_prompt_tokens(),
@@ -288,6 +348,44 @@ pub async fn admit(
     if let (Some(used), Some(key)) = (taken.task_budget_used, &task_key) {
         state.watchdog.budget_used(key, used);
     }
+    let guarded = async {
+        // Agent guards, per task: loops, then the watchdog.
+        let agent_guards = &cfg.guards[agent_idx];
+        if let (Some(loops), Some(key)) = (&agent_guards.loops, &task_key) {
+            let deny =
+                guards::check_loop(state, rules, agent_guards, loops, key, endpoint, &body).await?;
+            verdict.judge_external(rules, deny)?;
+        }
+        let mut guard = None;
+        let mut degraded_from = None;
+        if let (Some(wd), Some(key)) = (&agent_guards.watchdog, &task_key) {
+            match guards::watch(state, rules, wd, key)? {
+                guards::Watch::Green => {}
+                guards::Watch::Warn => guard = Some("warn"),
+                guards::Watch::Stop(deny) => verdict.judge_external(rules, Some(deny))?,
+                guards::Watch::Degrade(to) if to != model => {
+                    let (name, r) = find_route(&to)?;
+                    if let Some(rewritten) = replace_model(&body, &to) {
+                        body = Bytes::from(rewritten);
+                        degraded_from = Some(std::mem::replace(&mut model, to));
+                        route_name = name;
+                        route = r;
+                        guard = Some("degraded");
+                    }
+                }
+                guards::Watch::Degrade(_) => guard = Some("warn"),
+            }
+        }
+        Ok::<_, GatewayError>((guard, degraded_from, model, route_name, route, body))
+    }
+    .await;
+    let (guard, degraded_from, model, route_name, route, body) = match guarded {
+        Ok(v) => v,
+        Err(e) => {
+            release(state, &taken).await;
+            return Err(e);
+        }
+    };
     Ok(Admitted::Forward(
         Arc::new(Admission {
             request_id: request_id.to_string(),
@@ -308,10 +406,25 @@ pub async fn admit(
             isolation: None,
             fail_open: None,
             mcp: None,
+            forward_headers: cfg.forward_headers[agent_idx].clone(),
         }),
         body,
         taken,
     ))
+}
+
+/// Gives back what a request took on its limits when a later check refused
+/// it: the token reservations settle at zero (nothing was spent), the
+/// in-flight slots are freed.
+pub async fn release(state: &AdmitState<'_>, taken: &LimitsTaken) {
+    let settle: Vec<(&str, u64)> = taken.settle_keys.iter().map(|k| (&**k, 0)).collect();
+    if let Err(e) = state
+        .store
+        .finish(state.clock.now(), &taken.lease, &settle)
+        .await
+    {
+        log::warn!("limits not released after a refusal: {e}");
+    }
 }
 
 /// The header that names an agent's task.

@@ -45,6 +45,8 @@ pub struct Admission {
     pub fail_open: Option<DenyCode>,
     /// An MCP request: server, method, tool, list filters.
     pub mcp: Option<Arc<super::mcp::McpCall>>,
+    /// Scoping headers this agent may send upstream (config).
+    pub forward_headers: Vec<http::HeaderName>,
 }
 
 /// Per-request state, created by `new_ctx` and filled in by the hooks.
@@ -99,7 +101,7 @@ pub struct RequestCtx {
     /// transport error that follows (e.g. an unresolved provider).
     pub pending_error: Option<GatewayError>,
     /// A refused body is still arriving: read it off before closing.
-    pub linger: bool,
+    pub intake: super::buffers::BodyIntake,
     /// The error code Loopgate answered with, if any.
     pub error_code: Option<&'static str>,
     pub upstream_status: Option<u16>,
@@ -156,7 +158,7 @@ impl RequestCtx {
             attempt_body: None,
             injected_body: None,
             pending_error: None,
-            linger: false,
+            intake: Default::default(),
             error_code: None,
             upstream_status: None,
             upstream_started: None,

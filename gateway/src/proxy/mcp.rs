@@ -55,8 +55,11 @@ pub struct McpAudit {
     pub method: String,
     pub tool: Option<String>,
     pub args_sha256: Option<String>,
-    /// The tool was granted (a bounded metrics label); else `other`.
-    pub granted: bool,
+    /// Metric labels, from the config only: the server's name once it is
+    /// known (else `unknown`), and the grant entry that admitted the tool
+    /// (`search_*`, not the `search_x7f` an agent sent; else `other`).
+    pub server_label: Option<Arc<str>>,
+    pub tool_label: Option<String>,
 }
 
 impl McpAudit {
@@ -97,9 +100,29 @@ impl McpAudit {
             method,
             tool,
             args_sha256,
-            granted: false,
+            server_label: None,
+            tool_label: None,
         }
     }
+}
+
+/// The one `Mcp-Session-Id` a request carries, if any. Two of them, or one
+/// that is not 1-256 visible ASCII characters (the MCP spec's alphabet), is
+/// refused: the gateway would check one and the server might use another,
+/// and a value the gateway cannot read must not skip the ownership check.
+pub fn session_id_of(headers: &http::HeaderMap) -> Result<Option<String>, &'static str> {
+    let mut all = headers.get_all(SESSION_HEADER).iter();
+    let Some(v) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err("more than one Mcp-Session-Id");
+    }
+    let b = v.as_bytes();
+    if b.is_empty() || b.len() > 256 || !b.iter().all(|c| (0x21..=0x7e).contains(c)) {
+        return Err("Mcp-Session-Id must be 1-256 visible ASCII characters");
+    }
+    Ok(std::str::from_utf8(b).ok().map(str::to_string))
 }
 
 /// The store key binding a session to its agent.
@@ -123,7 +146,7 @@ pub async fn admit_mcp(
     state: &AdmitState<'_>,
     agent_idx: usize,
     request_id: &str,
-    linger: &mut bool,
+    intake: &mut super::buffers::BodyIntake,
     audit: &mut Option<McpAudit>,
 ) -> Result<Admitted, GatewayError> {
     let rules = &cfg.agents[agent_idx];
@@ -147,6 +170,9 @@ pub async fn admit_mcp(
             404,
         ));
     };
+    if let Some(a) = audit.as_mut() {
+        a.server_label = Some(Arc::from(server.tool.name.as_str()));
+    }
     // No grant: a refusal the agent cannot mistake for an empty server.
     let Some(access) = cfg.mcp_access[agent_idx].get(name).cloned() else {
         return Ok(rpc(
@@ -163,11 +189,37 @@ pub async fn admit_mcp(
     };
 
     // A session belongs to the agent that opened it.
-    let session_id = req
-        .headers
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+    let session_id = match session_id_of(&req.headers) {
+        Ok(sid) => sid,
+        Err(why) => {
+            return Ok(rpc(
+                Value::Null,
+                Deny::new(DenyCode::InvalidRequest, why).never_retryable(),
+                false,
+                request_id,
+                400,
+            ))
+        }
+    };
+    // Nothing judges a body on GET or DELETE, so none may travel: a server
+    // that reads one would act on what no rule saw.
+    let bodiless = matches!(req.method, http::Method::GET | http::Method::DELETE);
+    let has_body = super::admit::declared_length(&req)?.is_some_and(|n| n > 0)
+        || req.headers.contains_key(http::header::TRANSFER_ENCODING);
+    if bodiless && has_body {
+        session.set_keepalive(None);
+        return Ok(rpc(
+            Value::Null,
+            Deny::new(
+                DenyCode::InvalidRequest,
+                format!("{} on an MCP endpoint takes no body", req.method),
+            )
+            .never_retryable(),
+            false,
+            request_id,
+            400,
+        ));
+    }
     // `fail_mode: open`: what the gateway could not decide, let through.
     let mut fail_open: Option<DenyCode> = None;
     let undecided = |d: &Deny| {
@@ -226,8 +278,10 @@ pub async fn admit_mcp(
     let (body, mut call, extra) = match req.method {
         http::Method::POST => {
             let limit = rules.max_body_bytes;
-            let body = super::admit::read_body(session, limit, linger).await?;
-            *audit = Some(McpAudit::peek(name, "POST", &body, &server.noise_fields));
+            let body = super::admit::read_body(session, limit, intake).await?;
+            let mut peeked = McpAudit::peek(name, "POST", &body, &server.noise_fields);
+            peeked.server_label = Some(Arc::from(server.tool.name.as_str()));
+            *audit = Some(peeked);
             let judgement = match mcp::judge(&access.grant, &body) {
                 Ok(j) => j,
                 // Dry-run: a call outside the grant goes through, recorded.
@@ -362,7 +416,11 @@ pub async fn admit_mcp(
         Err(d) => return Ok(rpc(call_id, d, batch, request_id, 200)),
     };
     if let Some(a) = audit.as_mut() {
-        a.granted = true;
+        a.tool_label = a
+            .tool
+            .as_deref()
+            .and_then(|t| access.grant.tools.matching(t))
+            .map(|p| p.as_config());
     }
     let query = req.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     let body_read = req.method == http::Method::POST;
@@ -386,6 +444,7 @@ pub async fn admit_mcp(
             isolation: None,
             fail_open,
             mcp: Some(Arc::new(call)),
+            forward_headers: cfg.forward_headers[agent_idx].clone(),
         }),
         body,
         taken,

@@ -20,6 +20,7 @@
 //! on the cheaper path.
 
 mod admit;
+mod buffers;
 mod ctx;
 mod guards;
 mod ids;
@@ -76,6 +77,8 @@ pub struct Gateway {
     /// Per-task guard state; like the store, it outlives reloads.
     watchdog: Watchdog,
     streaks: FailureStreaks,
+    /// Request bodies held while admission reads them (see `buffers`).
+    bodies: Arc<buffers::BodyBuffers>,
 }
 
 impl Gateway {
@@ -97,6 +100,7 @@ impl Gateway {
             access_log,
             watchdog: Watchdog::new(),
             streaks: FailureStreaks::new(),
+            bodies: Arc::default(),
         }
     }
 
@@ -231,6 +235,13 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<bool, GatewayError> {
         let cfg = self.config.load_full();
+        // Framing first: a body whose length two readers could disagree on
+        // is refused before anything else reads it.
+        if let Err(e) = admit::declared_length(session.req_header()) {
+            session.set_keepalive(None);
+            return Err(e);
+        }
+        admit::check_target(session.req_header())?;
         let is_mcp = mcp::split(session.req_header().uri.path()).is_some();
         let is_tool = is_mcp || tools::split(session.req_header().uri.path()).is_some();
         let endpoint = if is_tool {
@@ -239,7 +250,21 @@ impl Gateway {
             Some(admit::endpoint_of(session)?)
         };
         let agent_idx = admit::authenticate(session, &cfg)?;
-        ctx.agent = Some(cfg.agents[agent_idx].name.clone());
+        let rules = &cfg.agents[agent_idx];
+        ctx.agent = Some(rules.name.clone());
+        // Bodies beyond what the agent may have in flight would only be
+        // refused by its limits after they were read: they are not read.
+        let share = rules.max_body_bytes.saturating_mul(
+            rules
+                .limits
+                .max_in_flight
+                .unwrap_or(buffers::DEFAULT_BODIES_PER_AGENT)
+                .max(1),
+        );
+        ctx.intake.hold = Some(
+            self.bodies
+                .hold(rules.name.clone(), share, buffers::TOTAL_BYTES),
+        );
         let state = admit::AdmitState {
             store: self.store.as_ref(),
             clock: self.clock.as_ref(),
@@ -256,7 +281,7 @@ impl Gateway {
                     agent_idx,
                     endpoint,
                     &ctx.request_id,
-                    &mut ctx.linger,
+                    &mut ctx.intake,
                 )
                 .await?
             }
@@ -267,7 +292,7 @@ impl Gateway {
                     &state,
                     agent_idx,
                     &ctx.request_id,
-                    &mut ctx.linger,
+                    &mut ctx.intake,
                     &mut ctx.mcp_audit,
                 )
                 .await?
@@ -279,7 +304,7 @@ impl Gateway {
                     &state,
                     agent_idx,
                     &ctx.request_id,
-                    &mut ctx.linger,
+                    &mut ctx.intake,
                 )
                 .await?
             }
@@ -542,6 +567,36 @@ const JSON_CHECK_LIMIT: usize = 4 * 1024 * 1024;
 /// A stream cut because it outgrew its token budget.
 const BUDGET_CUT: ErrorType = ErrorType::Custom("budget_cut");
 
+/// The gateway failed to build what it sends (an upstream request, a
+/// response header): its own fault, never the provider's, so no breaker
+/// counts it and no other target is tried.
+const GATEWAY_FAULT: ErrorType = ErrorType::Custom("gateway_fault");
+
+/// Turns a hook's own failure into [`GATEWAY_FAULT`], remembering the
+/// answer (500 internal_error) for `fail_to_proxy`.
+fn gateway_fault(ctx: &mut RequestCtx, what: &str, e: Box<Error>) -> Box<Error> {
+    if e.etype() == &GATEWAY_FAULT || e.etype() == &FALLBACK || e.etype() == &UNREADABLE {
+        return e;
+    }
+    log::warn!("request {}: could not build {what}: {e}", ctx.request_id);
+    ctx.pending_error
+        .get_or_insert_with(|| GatewayError::Internal(format!("could not build {what}")));
+    Error::because(GATEWAY_FAULT, format!("could not build {what}"), e)
+}
+
+/// An upstream answer the gateway could not read (see
+/// `upstream_response_filter`), on the last attempt: answered 502.
+const UNREADABLE: ErrorType = ErrorType::Custom("unreadable_answer");
+
+/// Whether the gateway reads this exchange's response body: usage on model
+/// calls, list filtering on MCP, the JSON check and idempotency records on
+/// tools. Only a plain tool call's answer passes unread.
+fn needs_inspection(adm: Option<&Admission>) -> bool {
+    adm.is_none_or(|a| {
+        a.tool_path.is_none() || a.mcp.is_some() || a.expect_json || a.idem.is_some()
+    })
+}
+
 /// Marks an upstream answer (5xx, 429) that is discarded for a fallback.
 const FALLBACK: ErrorType = ErrorType::Custom("fallback");
 
@@ -617,6 +672,19 @@ impl ProxyHttp for Gateway {
         Box::new(RequestCtx::new())
     }
 
+    /// What Pingora's own error lines name the request by: method, path
+    /// (clipped) and request id, never the query (tool arguments travel
+    /// there) or any header.
+    fn request_summary(&self, session: &Session, ctx: &Box<RequestCtx>) -> String {
+        let req = session.req_header();
+        format!(
+            "{} {} (request {})",
+            req.method,
+            loopgate_policy::clip(req.uri.path(), 200),
+            ctx.request_id
+        )
+    }
+
     fn allow_spawning_subrequest(&self, session: &Session, _ctx: &Box<RequestCtx>) -> bool {
         // Only a main request forwards a large body; subrequests never nest.
         session.subrequest_ctx.is_none()
@@ -662,7 +730,7 @@ impl ProxyHttp for Gateway {
             Err(e) => {
                 self.metrics.denied(e.code());
                 respond::write_error(session, ctx, &e).await;
-                if ctx.linger {
+                if ctx.intake.linger {
                     admit::linger(session).await;
                 }
                 Ok(true)
@@ -869,6 +937,19 @@ impl ProxyHttp for Gateway {
             e.set_retry(true);
             return e;
         }
+        if e.etype() == &GATEWAY_FAULT {
+            // Ours: the provider is not blamed, the attempt is not counted.
+            if let Some(att) = ctx.attempt.take() {
+                self.breakers.abandon(&att.picked.key, att.picked.ticket);
+            }
+            e.set_retry(false);
+            return e;
+        }
+        if e.etype() == &UNREADABLE {
+            // Recorded as the provider's failure in upstream_response_filter.
+            e.set_retry(false);
+            return e;
+        }
         if e.etype() == &BUDGET_CUT {
             // Our decision, not the provider's failure.
             self.succeed_attempt(ctx, self.clock.now());
@@ -927,46 +1008,74 @@ impl ProxyHttp for Gateway {
         req: &mut RequestHeader,
         ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
-        let Some(att) = ctx.attempt.as_ref() else {
-            return Err(Error::explain(ErrorType::InternalError, "no attempt"));
-        };
-        let p = att.picked.provider.clone();
-        // The agent's credential never leaves the gateway.
-        for h in &admit::AGENT_KEY_HEADERS {
-            req.remove_header(h);
+        let done = async {
+            let Some(att) = ctx.attempt.as_ref() else {
+                return Err(Error::explain(ErrorType::InternalError, "no attempt"));
+            };
+            let p = att.picked.provider.clone();
+            // The agent's credential never leaves the gateway.
+            for h in &admit::AGENT_KEY_HEADERS {
+                req.remove_header(h);
+            }
+            // Nor do headers that re-scope the gateway's credential or speak for
+            // the gateway (see `SCOPING_HEADERS`): one pass over the names, as
+            // an agent usually sends none of them.
+            let allowed = ctx
+                .admitted
+                .as_ref()
+                .map_or(&[][..], |a| a.forward_headers.as_slice());
+            let strip: Vec<http::HeaderName> = req
+                .headers
+                .keys()
+                .filter(|h| {
+                    let n = h.as_str();
+                    crate::config::runtime::NEVER_FORWARDED.contains(&n)
+                        || (crate::config::runtime::SCOPING_HEADERS.contains(&n)
+                            && !allowed.contains(h))
+                })
+                .cloned()
+                .collect();
+            for h in &strip {
+                req.remove_header(h);
+            }
+            let tool_path = ctx.admitted.as_ref().and_then(|a| a.tool_path.clone());
+            if ctx.admitted.as_ref().is_some_and(|a| a.body_read) {
+                // The body was already received in full (we may have sent 100 Continue).
+                req.remove_header(&http::header::EXPECT);
+            }
+            p.authorize(req)?;
+            // A body we send ourselves needs framing that matches it exactly.
+            if let Some(body) = &ctx.attempt_body {
+                req.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
+                req.remove_header(&http::header::TRANSFER_ENCODING);
+            }
+            if let Some((_, Some(ct))) = &ctx.injected_body {
+                req.insert_header(http::header::CONTENT_TYPE, ct.clone())?;
+            }
+            req.insert_header("host", p.authority_value.clone())?;
+            // The gateway reads answers (usage, MCP lists, tool records): ask for
+            // them unencoded rather than pass through what it cannot inspect.
+            req.insert_header(http::header::ACCEPT_ENCODING, "identity")?;
+            req.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
+            if let Some(tp) = tool_path {
+                let uri = format!("{}{}", p.base_path, tp)
+                    .parse::<http::Uri>()
+                    .map_err(|e| Error::because(ErrorType::InternalError, "tool uri", e))?;
+                req.set_uri(uri);
+            } else if !p.base_path.is_empty() {
+                let pq = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
+                let uri = format!("{}{}", p.base_path, pq)
+                    .parse::<http::Uri>()
+                    .map_err(|e| Error::because(ErrorType::InternalError, "upstream uri", e))?;
+                req.set_uri(uri);
+            }
+            let now = Instant::now();
+            ctx.upstream_started = Some(now);
+            ctx.upstream_first_at.get_or_insert(now);
+            Ok(())
         }
-        let tool_path = ctx.admitted.as_ref().and_then(|a| a.tool_path.clone());
-        if ctx.admitted.as_ref().is_some_and(|a| a.body_read) {
-            // The body was already received in full (we may have sent 100 Continue).
-            req.remove_header(&http::header::EXPECT);
-        }
-        p.authorize(req)?;
-        // A body we send ourselves needs framing that matches it exactly.
-        if let Some(body) = &ctx.attempt_body {
-            req.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
-            req.remove_header(&http::header::TRANSFER_ENCODING);
-        }
-        if let Some((_, Some(ct))) = &ctx.injected_body {
-            req.insert_header(http::header::CONTENT_TYPE, ct.clone())?;
-        }
-        req.insert_header("host", p.authority_value.clone())?;
-        req.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
-        if let Some(tp) = tool_path {
-            let uri = format!("{}{}", p.base_path, tp)
-                .parse::<http::Uri>()
-                .map_err(|e| Error::because(ErrorType::InternalError, "tool uri", e))?;
-            req.set_uri(uri);
-        } else if !p.base_path.is_empty() {
-            let pq = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
-            let uri = format!("{}{}", p.base_path, pq)
-                .parse::<http::Uri>()
-                .map_err(|e| Error::because(ErrorType::InternalError, "upstream uri", e))?;
-            req.set_uri(uri);
-        }
-        let now = Instant::now();
-        ctx.upstream_started = Some(now);
-        ctx.upstream_first_at.get_or_insert(now);
-        Ok(())
+        .await;
+        done.map_err(|e| gateway_fault(ctx, "the upstream request", e))
     }
 
     async fn request_body_filter(
@@ -1000,12 +1109,46 @@ impl ProxyHttp for Gateway {
         let Some(att) = ctx.attempt.as_mut() else {
             return Ok(());
         };
+        let provider = att.picked.provider.clone();
+        // What the gateway could not read must not pass as if judged: a
+        // switch of protocols nobody asked for (agents' upgrades are refused
+        // at admission), or a body encoding it cannot inspect (it asked for
+        // `identity`) on an answer whose body it judges.
+        let unreadable = if status == 101 {
+            Some("switched protocols unasked".to_string())
+        } else if status >= 200 && needs_inspection(ctx.admitted.as_deref()) {
+            resp.headers
+                .get(http::header::CONTENT_ENCODING)
+                .filter(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+                .map(|v| {
+                    format!(
+                        "answered with Content-Encoding `{}`, which the gateway cannot inspect",
+                        loopgate_policy::clip(&String::from_utf8_lossy(v.as_bytes()), 40)
+                    )
+                })
+        } else {
+            None
+        };
+        if let Some(why) = unreadable {
+            self.fail_attempt(
+                ctx,
+                FailureKind::ServerError,
+                GatewayError::UpstreamFailed(format!("provider `{}` {why}", provider.name)),
+            );
+            if self.can_fallback(session, ctx) {
+                return Err(Error::explain(FALLBACK, "unreadable answer; falling back"));
+            }
+            ctx.pending_error = ctx.last_failure.take();
+            return Err(Error::explain(UNREADABLE, why));
+        }
+        let Some(att) = ctx.attempt.as_mut() else {
+            return Ok(());
+        };
         if status < 200 {
             return Ok(());
         }
         att.ttfb = Some(att.started.elapsed());
         let ttfb = att.ttfb;
-        let provider = att.picked.provider.clone();
         let key = att.picked.key.clone();
         let failure = match status {
             429 => Some(FailureKind::RateLimited),
@@ -1070,66 +1213,81 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
-        if ctx.forwarded_by_subrequest {
-            return Ok(());
-        }
-        ctx.upstream_status = Some(resp.status.as_u16());
-        resp.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
-        if let Some(p) = &ctx.served_by {
-            // The attempt that answered carries its provider's prebuilt value;
-            // a last attempt that failed (5xx, 429) was already settled, so
-            // then the name is copied in.
-            match &ctx.attempt {
-                Some(att) => resp.insert_header(
-                    respond::PROVIDER_HEADER,
-                    att.picked.provider.name_value.clone(),
-                )?,
-                None => resp.insert_header(respond::PROVIDER_HEADER, p.as_ref())?,
+        let done = async {
+            if ctx.forwarded_by_subrequest {
+                return Ok(());
             }
-            if let Some(from) = ctx.fallback_from.as_ref().filter(|f| *f != p) {
-                resp.insert_header(respond::FALLBACK_HEADER, from.as_ref())?;
+            ctx.upstream_status = Some(resp.status.as_u16());
+            // Only the gateway speaks in `x-loopgate-*`: an upstream cannot
+            // forge one of its decisions.
+            let forged: Vec<http::HeaderName> = resp
+                .headers
+                .keys()
+                .filter(|h| h.as_str().starts_with("x-loopgate-"))
+                .cloned()
+                .collect();
+            for h in &forged {
+                resp.remove_header(h);
             }
-        }
-        if let Some(adm) = ctx.admitted.as_ref() {
-            if let Some(code) = adm.would_deny {
-                resp.insert_header(respond::WOULD_DENY_HEADER, code.as_str())?;
+            resp.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
+            if let Some(p) = &ctx.served_by {
+                // The attempt that answered carries its provider's prebuilt value;
+                // a last attempt that failed (5xx, 429) was already settled, so
+                // then the name is copied in.
+                match &ctx.attempt {
+                    Some(att) => resp.insert_header(
+                        respond::PROVIDER_HEADER,
+                        att.picked.provider.name_value.clone(),
+                    )?,
+                    None => resp.insert_header(respond::PROVIDER_HEADER, p.as_ref())?,
+                }
+                if let Some(from) = ctx.fallback_from.as_ref().filter(|f| *f != p) {
+                    resp.insert_header(respond::FALLBACK_HEADER, from.as_ref())?;
+                }
             }
-            if let Some(code) = adm.fail_open {
-                resp.insert_header(respond::FAIL_OPEN_HEADER, code.as_str())?;
+            if let Some(adm) = ctx.admitted.as_ref() {
+                if let Some(code) = adm.would_deny {
+                    resp.insert_header(respond::WOULD_DENY_HEADER, code.as_str())?;
+                }
+                if let Some(code) = adm.fail_open {
+                    resp.insert_header(respond::FAIL_OPEN_HEADER, code.as_str())?;
+                }
+                if let Some(g) = adm.guard {
+                    resp.insert_header(respond::GUARD_HEADER, g)?;
+                }
+                if let Some(from) = &adm.degraded_from {
+                    resp.insert_header(respond::DEGRADED_HEADER, format!("{from}->{}", adm.model))?;
+                }
             }
-            if let Some(g) = adm.guard {
-                resp.insert_header(respond::GUARD_HEADER, g)?;
+            if ctx.lease.as_ref().is_some_and(|l| l.degraded) {
+                // Admitted on this instance's share of the limits: Redis was away.
+                resp.append_header(respond::DEGRADED_HEADER, "state")?;
             }
-            if let Some(from) = &adm.degraded_from {
-                resp.insert_header(respond::DEGRADED_HEADER, format!("{from}->{}", adm.model))?;
+            // Usage feeds token metrics and limit settlement; read it as it passes.
+            let ct = content_type(resp);
+            if ct.is_some_and(|c| c.starts_with("text/event-stream")) {
+                ctx.streaming = true;
+                self.metrics.active_streams.inc();
             }
+            if ctx.admitted.as_ref().is_some_and(|a| a.tool_path.is_none()) {
+                ctx.usage_scanner = Some(UsageScanner::for_content_type(ct));
+            }
+            if ctx.admitted.as_ref().is_some_and(|a| a.idem.is_some()) {
+                ctx.idem_capture = Some(ctx::IdemCapture {
+                    status: resp.status.as_u16(),
+                    content_type: ct.map(str::to_string),
+                    ..Default::default()
+                });
+            }
+            if let Some(call) = ctx.admitted.as_ref().and_then(|a| a.mcp.clone()) {
+                // Owned: the header map is changed while it is used.
+                let ct = ct.map(str::to_string);
+                self.mcp_response(resp, ctx, &call, ct.as_deref()).await?;
+            }
+            Ok(())
         }
-        if ctx.lease.as_ref().is_some_and(|l| l.degraded) {
-            // Admitted on this instance's share of the limits: Redis was away.
-            resp.append_header(respond::DEGRADED_HEADER, "state")?;
-        }
-        // Usage feeds token metrics and limit settlement; read it as it passes.
-        let ct = content_type(resp);
-        if ct.is_some_and(|c| c.starts_with("text/event-stream")) {
-            ctx.streaming = true;
-            self.metrics.active_streams.inc();
-        }
-        if ctx.admitted.as_ref().is_some_and(|a| a.tool_path.is_none()) {
-            ctx.usage_scanner = Some(UsageScanner::for_content_type(ct));
-        }
-        if ctx.admitted.as_ref().is_some_and(|a| a.idem.is_some()) {
-            ctx.idem_capture = Some(ctx::IdemCapture {
-                status: resp.status.as_u16(),
-                content_type: ct.map(str::to_string),
-                ..Default::default()
-            });
-        }
-        if let Some(call) = ctx.admitted.as_ref().and_then(|a| a.mcp.clone()) {
-            // Owned: the header map is changed while it is used.
-            let ct = ct.map(str::to_string);
-            self.mcp_response(resp, ctx, &call, ct.as_deref()).await?;
-        }
-        Ok(())
+        .await;
+        done.map_err(|e| gateway_fault(ctx, "the response header", e))
     }
 
     fn response_body_filter(

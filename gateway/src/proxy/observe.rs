@@ -83,14 +83,15 @@ pub fn record(
         ])
         .inc();
     if let Some(a) = &ctx.mcp_audit {
-        // Tool labels only for granted tools: agents cannot grow the label set.
-        let tool = match (&a.tool, a.granted) {
-            (Some(t), true) => t.as_str(),
-            (Some(_), false) => "other",
+        // Labels come from the config: agents cannot grow the label set.
+        let tool = match (&a.tool, &a.tool_label) {
+            (Some(_), Some(label)) => label.as_str(),
+            (Some(_), None) => "other",
             (None, _) => "-",
         };
+        let server = a.server_label.as_deref().unwrap_or("unknown");
         m.mcp_requests
-            .with_label_values(&[a.server.as_str(), tool, decision])
+            .with_label_values(&[server, tool, decision])
             .inc();
     }
     if let Some(code @ ("rate_limited" | "too_many_in_flight")) = ctx.error_code {

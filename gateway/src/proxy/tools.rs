@@ -24,9 +24,18 @@ pub fn split(path: &str) -> Option<(&str, &str)> {
     })
 }
 
-/// Decodes `raw` and refuses anything that could leave the tool's path:
-/// `.`/`..` segments, empty segments (`//`), backslashes, control bytes and
-/// malformed escapes. Returns the decoded path, used for matching.
+/// Decodes `raw` and refuses anything that could leave the tool's path or
+/// that a second reader (the tool, a framework behind it) could read as
+/// another path than the one judged here:
+/// - `.`/`..` segments, also spelled with path parameters (`..;`, `.;x`)
+///   that Tomcat, Jetty and Spring strip before resolving;
+/// - empty segments (`//`, `/;/`) and control bytes;
+/// - backslashes, and the escapes a second decoder would turn into
+///   structure: `%2f` (`/`), `%5c` (`\`), `%3b` (`;`), `%25` (`%`, so
+///   `%252e` never becomes `.` two decodes later);
+/// - malformed escapes and non-UTF-8.
+///
+/// Returns the decoded path, used for matching.
 pub fn normalize(raw: &str) -> Result<String, String> {
     let bytes = raw.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -37,6 +46,12 @@ pub fn normalize(raw: &str) -> Result<String, String> {
                 .get(i + 1..i + 3)
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or("malformed percent-escape")?;
+            if matches!(hex, b'/' | b'\\' | b';' | b'%') {
+                return Err(format!(
+                    "the escape `{}` is not allowed in a tool path",
+                    &raw[i..i + 3]
+                ));
+            }
             out.push(hex);
             i += 3;
         } else {
@@ -50,10 +65,13 @@ pub fn normalize(raw: &str) -> Result<String, String> {
     }
     let segments: Vec<&str> = decoded.split('/').skip(1).collect();
     for (k, seg) in segments.iter().enumerate() {
-        if *seg == "." || *seg == ".." {
+        // What a servlet container resolves: the segment without its
+        // `;parameters`.
+        let name = seg.split(';').next().unwrap_or(seg);
+        if name == "." || name == ".." {
             return Err("`.` and `..` segments are not allowed".into());
         }
-        if seg.is_empty() && k + 1 < segments.len() {
+        if name.is_empty() && (k + 1 < segments.len() || seg.contains(';')) {
             return Err("empty segments (`//`) are not allowed".into());
         }
     }
@@ -66,7 +84,7 @@ pub async fn admit_tool(
     state: &AdmitState<'_>,
     agent_idx: usize,
     request_id: &str,
-    linger: &mut bool,
+    intake: &mut super::buffers::BodyIntake,
 ) -> Result<Admitted, GatewayError> {
     let rules = &cfg.agents[agent_idx];
     // An owned copy: the body may be read (idempotency) while these are in use.
@@ -97,7 +115,7 @@ pub async fn admit_tool(
     }
     let decoded = normalize(rest)
         .map_err(|why| Deny::new(DenyCode::InvalidPath, format!("invalid tool path: {why}")))?;
-    if !grant.paths.allows(&decoded) {
+    if !grant.paths.allows_path(&decoded) {
         return Err(Deny::new(
             DenyCode::PathNotAllowed,
             format!(
@@ -109,11 +127,7 @@ pub async fn admit_tool(
         .into());
     }
     if let Some(limit) = grant.max_body_bytes {
-        let len = req
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
+        let len = super::admit::declared_length(&req)?;
         let chunked = req.headers.contains_key(http::header::TRANSFER_ENCODING);
         match len {
             Some(n) if n > limit => {
@@ -176,9 +190,18 @@ pub async fn admit_tool(
             None => {}
             Some(Some(key)) => {
                 let limit = grant.max_body_bytes.unwrap_or(1024 * 1024);
-                body = super::admit::read_body(session, limit, linger).await?;
-                let sha: [u8; 32] = sha2::Sha256::digest(&body).into();
-                body_read_sha = Some(sha);
+                body = super::admit::read_body(session, limit, intake).await?;
+                // The record is the whole request: a key reused for another
+                // method, path or query is a different request (422), never a
+                // replay of the first one's answer.
+                let mut h = sha2::Sha256::new();
+                for part in [req.method.as_str().as_bytes(), tool_path.as_bytes()] {
+                    h.update((part.len() as u64).to_be_bytes());
+                    h.update(part);
+                }
+                h.update(&body);
+                let sha: [u8; 32] = h.finalize().into();
+                body_read_sha = Some(sha2::Sha256::digest(&body).into());
                 let record_key = format!("{}:idem:{tool_name}:{key}", rules.name);
                 let begin = state
                     .store
@@ -213,7 +236,7 @@ pub async fn admit_tool(
                     IdemBegin::Mismatch => {
                         return Err(Deny::new(
                             DenyCode::IdempotencyKeyReused,
-                            "this Idempotency-Key was used with a different body",
+                            "this Idempotency-Key was used for a different request (method, path, query or body)",
                         )
                         .into())
                     }
@@ -364,6 +387,7 @@ pub async fn admit_tool(
             isolation,
             fail_open: unsure.code,
             mcp: None,
+            forward_headers: cfg.forward_headers[agent_idx].clone(),
         }),
         body,
         taken,
@@ -434,6 +458,15 @@ mod tests {
             "/%zz",
             "/%2",
             "/a%0d%0ab",
+            "/v1/city/..;/..;/admin",
+            "/v1/city/%2e%2e%3b/admin",
+            "/v1/city/..;jsessionid=x/admin",
+            "/v1/city/.;/admin",
+            "/a/;/b",
+            "/a%2fb",
+            "/a%3bb",
+            "/%252e%252e/admin",
+            "/a%25b",
         ] {
             assert!(normalize(bad).is_err(), "{bad}");
         }

@@ -1,0 +1,164 @@
+//! Bounds on request bodies held in memory while admission reads them.
+//!
+//! Admission reads a body whole before judging it, so a client that sends
+//! slowly holds memory before any limit saw it: forty connections of one
+//! agent each sending most of an 8 MB body once took the gateway from 16 MB
+//! to 343 MB. Every byte read is counted here before it is kept, against the
+//! agent's share and the gateway's total; a body that does not fit is
+//! refused at once (429 for the agent's share: the agent is sending more
+//! than it could have in flight; 503 for the total: the gateway is full).
+//! A hold lives as long as the request (the body is replayed upstream from
+//! memory) and gives its bytes back when dropped.
+
+use crate::error::GatewayError;
+use loopgate_policy::{Deny, DenyCode};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Bodies held at once by the whole gateway.
+pub const TOTAL_BYTES: u64 = 512 * 1024 * 1024;
+/// Bodies an agent without `max_in_flight` may hold at once, in bodies of
+/// its `max_body_bytes`.
+pub const DEFAULT_BODIES_PER_AGENT: u64 = 16;
+
+/// The gateway's count of buffered body bytes, in total and per agent.
+#[derive(Debug, Default)]
+pub struct BodyBuffers {
+    total: AtomicU64,
+    per_agent: Mutex<HashMap<Arc<str>, u64>>,
+}
+
+/// What one request reading its body holds; returned on drop.
+#[derive(Debug)]
+pub struct Held {
+    buffers: Arc<BodyBuffers>,
+    agent: Arc<str>,
+    /// The agent's share: `max_body_bytes` times its in-flight limit.
+    agent_cap: u64,
+    total_cap: u64,
+    bytes: u64,
+}
+
+impl BodyBuffers {
+    /// A hold for one request of `agent`, empty until it grows.
+    pub fn hold(self: &Arc<Self>, agent: Arc<str>, agent_cap: u64, total_cap: u64) -> Held {
+        Held {
+            buffers: self.clone(),
+            agent,
+            agent_cap,
+            total_cap,
+            bytes: 0,
+        }
+    }
+
+    #[cfg(test)]
+    fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+}
+
+impl Held {
+    /// Counts `more` bytes before they are kept, or refuses them.
+    pub fn grow(&mut self, more: u64) -> Result<(), GatewayError> {
+        let b = &self.buffers;
+        let total = b.total.fetch_add(more, Ordering::Relaxed) + more;
+        if total > self.total_cap {
+            b.total.fetch_sub(more, Ordering::Relaxed);
+            return Err(GatewayError::Overloaded(
+                "the gateway is holding as many request bodies as it may; retry shortly".into(),
+            ));
+        }
+        let mut map = match b.per_agent.lock() {
+            Ok(m) => m,
+            Err(_) => {
+                b.total.fetch_sub(more, Ordering::Relaxed);
+                return Err(GatewayError::Internal("body accounting unavailable".into()));
+            }
+        };
+        let mine = map.entry(self.agent.clone()).or_insert(0);
+        if *mine + more > self.agent_cap {
+            if *mine == 0 {
+                map.remove(&self.agent);
+            }
+            drop(map);
+            b.total.fetch_sub(more, Ordering::Relaxed);
+            return Err(Deny::new(
+                DenyCode::TooManyInFlight,
+                format!(
+                    "this agent is already sending {} bytes of request bodies (its share is {})",
+                    self.bytes, self.agent_cap
+                ),
+            )
+            .retry_after(Duration::from_secs(1))
+            .into());
+        }
+        *mine += more;
+        self.bytes += more;
+        Ok(())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.bytes == 0 {
+            return;
+        }
+        let b = &self.buffers;
+        b.total.fetch_sub(self.bytes, Ordering::Relaxed);
+        if let Ok(mut map) = b.per_agent.lock() {
+            if let Some(mine) = map.get_mut(&self.agent) {
+                *mine = mine.saturating_sub(self.bytes);
+                if *mine == 0 {
+                    map.remove(&self.agent);
+                }
+            }
+        }
+    }
+}
+
+/// How admission reads a request's body: the bytes it holds, and whether a
+/// refused body must be read off before the connection closes.
+#[derive(Debug, Default)]
+pub struct BodyIntake {
+    pub linger: bool,
+    pub hold: Option<Held>,
+}
+
+impl BodyIntake {
+    /// Counts `more` bytes; without a hold (no agent known yet) nothing is
+    /// read, so nothing is counted.
+    pub fn grow(&mut self, more: u64) -> Result<(), GatewayError> {
+        match self.hold.as_mut() {
+            Some(h) => h.grow(more),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_share_and_the_total_bound_what_is_held() {
+        let b = Arc::new(BodyBuffers::default());
+        let mut a1 = b.hold("a".into(), 100, 150);
+        let mut a2 = b.hold("a".into(), 100, 150);
+        let mut other = b.hold("b".into(), 100, 150);
+        a1.grow(60).unwrap();
+        assert_eq!(a2.grow(50).unwrap_err().code(), "too_many_in_flight");
+        a2.grow(40).unwrap();
+        // The total is full before b's share is.
+        assert_eq!(other.grow(51).unwrap_err().code(), "gateway_overloaded");
+        other.grow(50).unwrap();
+        assert_eq!(b.total(), 150);
+        drop(a1);
+        assert_eq!(b.total(), 90);
+        a2.grow(60).unwrap();
+        drop((a2, other));
+        assert_eq!(b.total(), 0);
+        assert!(b.per_agent.lock().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,621 @@
+//! The hostile-client suite: raw bytes over real sockets against the real
+//! binary, for every hole the hostile-input review of c553773 found (issue
+//! 21). Each case checks the status and the error's shape, that nothing
+//! reached the upstream, and that the gateway still serves others.
+
+use loopgate_tests::*;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+fn config(mock: &Mock) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}", token_env: LOOPGATE_TEST_ADMIN_TOKEN }}
+threads: 2
+providers:
+  oa:
+    kind: openai_compatible
+    base_url: "{mock}"
+    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
+    breaker: {{ consecutive_failures: 3, open_ms: 60000 }}
+  an:
+    kind: anthropic
+    base_url: "{mock}"
+    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
+routes:
+  - models: [gpt-4o-mini]
+    targets: [ {{ provider: oa }} ]
+  - models: ["claude-3-5-haiku*"]
+    targets: [ {{ provider: an }} ]
+tools:
+  weather:
+    base_url: "{mock}/echo/weather"
+    breaker: {{ consecutive_failures: 3, open_ms: 60000 }}
+  orders:
+    base_url: "{mock}/echo/orders"
+    idempotency: {{ mode: required }}
+mcp_servers:
+  files:
+    url: "{mock}/mcp"
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: [gpt-4o-mini, "claude-3-5-haiku*"]
+    tool_access:
+      weather: {{ methods: [GET], paths: ["/v1/forecast", "/v1/city/*"], max_body_bytes: 65536 }}
+      orders: {{ methods: [GET, POST], paths: ["/orders*"], max_body_bytes: 65536 }}
+    mcp_access:
+      files: {{ tools: [read_file] }}
+  bulk:
+    key_sha256: "{bulk}"
+    models: [gpt-4o-mini]
+    max_in_flight: 2
+    max_body_bytes: 1048576
+  scoped:
+    key_sha256: "{narrow}"
+    models: [gpt-4o-mini, "claude-3-5-haiku*"]
+    forward_headers: [anthropic-beta]
+"#,
+        mock = mock.url(),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+        narrow = sha256_hex(NARROW_KEY.as_bytes()),
+        bulk = sha256_hex(BULK_KEY.as_bytes()),
+    )
+}
+
+const BULK_KEY: &str = "hostile-bulk-key-0005";
+
+/// A response read off a raw socket.
+#[derive(Debug)]
+struct Raw {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Raw {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// Loopgate's structured error, OpenAI-shaped, with this status and code.
+    fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(
+            self.status,
+            status,
+            "{}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(self.header("x-loopgate-error"), Some(code), "{self:?}");
+        let v = self.json();
+        assert_eq!(v["error"]["code"], code, "{v}");
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+        assert!(v["error"]["request_id"].is_string());
+    }
+
+    /// A JSON-RPC error from the gateway, with this Loopgate code.
+    fn assert_rpc_error(&self, code: &str) {
+        let v = self.json();
+        assert_eq!(v["jsonrpc"], "2.0", "{v}");
+        assert_eq!(v["error"]["data"]["loopgate_code"], code, "{v}");
+    }
+}
+
+/// Sends `req` as it is and reads one response (by Content-Length or
+/// chunked framing, else to the close).
+fn raw(addr: SocketAddr, req: &[u8]) -> Raw {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(req).expect("send");
+    read_response(&mut s).expect("a response")
+}
+
+fn read_response(s: &mut TcpStream) -> Option<Raw> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 65536];
+    let head_end = loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p;
+        }
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut rest = buf[head_end + 4..].to_vec();
+    let get = |n: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.clone())
+    };
+    if let Some(len) = get("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        while rest.len() < len {
+            let n = s.read(&mut chunk).ok()?;
+            if n == 0 {
+                break;
+            }
+            rest.extend_from_slice(&chunk[..n]);
+        }
+        rest.truncate(len);
+    } else if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        while !rest.windows(5).any(|w| w == b"0\r\n\r\n") {
+            let n = s.read(&mut chunk).ok()?;
+            if n == 0 {
+                break;
+            }
+            rest.extend_from_slice(&chunk[..n]);
+        }
+        rest = dechunk(&rest);
+    } else {
+        let _ = s.read_to_end(&mut rest);
+    }
+    Some(Raw {
+        status,
+        headers,
+        body: rest,
+    })
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(p) = b.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..p]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = p + 2;
+        out.extend_from_slice(&b[start..(start + size).min(b.len())]);
+        b = &b[(start + size + 2).min(b.len())..];
+    }
+    out
+}
+
+fn key() -> String {
+    format!("Authorization: Bearer {AGENT_KEY}")
+}
+
+fn get_req(path: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: gw\r\n{}\r\n{extra}Connection: close\r\n\r\n",
+        key()
+    )
+    .into_bytes()
+}
+
+fn post_req(path: &str, extra: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: gw\r\n{}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        key(),
+        body.len()
+    )
+    .into_bytes()
+}
+
+const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// The gateway still answers an ordinary call.
+fn still_serves(gw: &Gateway) {
+    let r = raw(gw.addr, &post_req("/v1/chat/completions", "", CHAT));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
+fn received(mock: &Mock) -> usize {
+    mock.requests().len()
+}
+
+#[test]
+fn tool_paths_with_path_parameters_or_segment_tricks_are_refused() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    for path in [
+        "/tools/weather/v1/city/..;/..;/admin",
+        "/tools/weather/v1/city/%2e%2e%3b/admin",
+        "/tools/weather/v1/city/..;jsessionid=1/admin",
+        "/tools/weather/v1/city/.;/x",
+        "/tools/weather/v1/city/;/x",
+        "/tools/weather/v1/city/a%2fb",
+        "/tools/weather/v1/city/%252e%252e/admin",
+        "/tools/weather/v1/city/a%5cb",
+    ] {
+        raw(gw.addr, &get_req(path, "")).assert_error(400, "invalid_path");
+    }
+    // A prefix grant is a prefix of whole segments.
+    raw(gw.addr, &get_req("/tools/orders/orders-admin/purge", ""))
+        .assert_error(403, "path_not_allowed");
+    raw(gw.addr, &get_req("/tools/weather/v1/cityx", "")).assert_error(403, "path_not_allowed");
+    assert_eq!(received(&mock), 0, "nothing reached the tool");
+    // What the grant means still passes.
+    let ok = raw(gw.addr, &get_req("/tools/weather/v1/city/Paris", ""));
+    assert_eq!(ok.status, 200);
+    let ok = raw(gw.addr, &get_req("/tools/orders/orders/7", ""));
+    assert_eq!(ok.status, 200);
+    still_serves(&gw);
+}
+
+#[test]
+fn a_content_length_the_gateway_cannot_read_as_one_number_is_refused() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let big = "x".repeat(70_000);
+    for framing in [
+        "Content-Length: 70000, 70000\r\n",
+        "Content-Length: 70000\r\nContent-Length: 70000\r\n",
+        "Content-Length: +70000\r\n",
+        "Content-Length: 0x10\r\n",
+        "Content-Length: 70000\r\nTransfer-Encoding: chunked\r\n",
+    ] {
+        for path in ["/tools/orders/orders", "/v1/chat/completions", "/mcp/files"] {
+            let req = format!(
+                "POST {path} HTTP/1.1\r\nHost: gw\r\n{}\r\nIdempotency-Key: k1\r\n{framing}Connection: close\r\n\r\n{big}",
+                key()
+            );
+            let mut s = TcpStream::connect(gw.addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let _ = s.write_all(req.as_bytes());
+            match read_response(&mut s) {
+                // Pingora itself may refuse some framings before us: a 400
+                // either way, and never forwarded.
+                // (With Transfer-Encoding Pingora drops Content-Length and
+                // frames by chunks: a tool under a size limit wants 411.)
+                Some(r) => assert!(
+                    r.status == 400 || r.status == 411,
+                    "{framing:?} {path}: {r:?}"
+                ),
+                None => {}
+            }
+        }
+    }
+    assert_eq!(received(&mock), 0, "nothing reached an upstream");
+    still_serves(&gw);
+}
+
+#[test]
+fn mcp_session_ids_must_be_exactly_one_visible_id() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    for ids in [
+        "Mcp-Session-Id: a\r\nMcp-Session-Id: b\r\n",
+        "Mcp-Session-Id: a b\r\n",
+        "Mcp-Session-Id: \x7f\x7f\r\n",
+        "Mcp-Session-Id: caf\u{e9}\r\n",
+    ] {
+        let r = raw(gw.addr, &post_req("/mcp/files", ids, &body));
+        assert_eq!(r.status, 400, "{ids:?}: {r:?}");
+        // Pingora refuses some header bytes itself, before any hook.
+        if r.header("x-loopgate-error").is_some() {
+            r.assert_rpc_error("invalid_request");
+        }
+    }
+    assert_eq!(received(&mock), 0);
+    still_serves(&gw);
+}
+
+#[test]
+fn get_and_delete_on_mcp_take_no_body() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "delete_file"}}).to_string();
+    for method in ["GET", "DELETE"] {
+        let req = format!(
+            "{method} /mcp/files HTTP/1.1\r\nHost: gw\r\n{}\r\nMcp-Session-Id: s1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{call}",
+            key(),
+            call.len()
+        );
+        let r = raw(gw.addr, req.as_bytes());
+        assert_eq!(r.status, 400, "{method}: {r:?}");
+        r.assert_rpc_error("invalid_request");
+    }
+    assert_eq!(received(&mock), 0);
+    still_serves(&gw);
+}
+
+#[test]
+fn answers_the_gateway_cannot_read_never_pass_as_judged() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    // Asked for identity, whatever the agent accepts.
+    let r = raw(
+        gw.addr,
+        &post_req(
+            "/v1/chat/completions",
+            "Accept-Encoding: gzip, br\r\n",
+            CHAT,
+        ),
+    );
+    assert_eq!(r.status, 200);
+    let seen = mock.last_request();
+    assert_eq!(recorded_header(&seen, "accept-encoding"), Some("identity"));
+    // A provider compressing anyway: its usage could not be counted.
+    raw(
+        gw.addr,
+        &post_req("/v1/chat/completions", "x-mock-gzip: 1\r\n", CHAT),
+    )
+    .assert_error(502, "upstream_error");
+    // An MCP server compressing its list: it could not be filtered.
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    let r = raw(
+        gw.addr,
+        &post_req("/mcp/files", "x-mock-gzip: 1\r\n", &list),
+    );
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(!String::from_utf8_lossy(&r.body).contains("delete_file"));
+    // A plain tool call passes unread (nothing judges its answer).
+    let r = raw(
+        gw.addr,
+        &get_req("/tools/weather/v1/forecast", "x-mock-gzip: 1\r\n"),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    still_serves(&gw);
+}
+
+#[test]
+fn headers_that_rescope_or_speak_for_the_gateway_are_stripped() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let sent = "OpenAI-Organization: org-evil\r\nOpenAI-Project: proj-evil\r\nanthropic-beta: mcp-client-2025-04-04\r\nX-HTTP-Method-Override: DELETE\r\nX-Method-Override: DELETE\r\nX-Forwarded-For: 10.0.0.1\r\nX-Real-IP: 10.0.0.1\r\nForwarded: for=10.0.0.1\r\n";
+    let r = raw(gw.addr, &get_req("/tools/weather/v1/forecast", sent));
+    assert_eq!(r.status, 200);
+    let seen = mock.last_request();
+    for h in [
+        "openai-organization",
+        "openai-project",
+        "anthropic-beta",
+        "x-http-method-override",
+        "x-method-override",
+        "x-forwarded-for",
+        "x-real-ip",
+        "forwarded",
+    ] {
+        assert_eq!(recorded_header(&seen, h), None, "{h} went upstream");
+    }
+    // An agent allowed a scoping header by config sends it.
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {NARROW_KEY}\r\n{sent}Content-Length: {}\r\nConnection: close\r\n\r\n{CHAT}",
+        CHAT.len()
+    );
+    assert_eq!(raw(gw.addr, req.as_bytes()).status, 200);
+    let seen = mock.last_request();
+    assert_eq!(
+        recorded_header(&seen, "anthropic-beta"),
+        Some("mcp-client-2025-04-04")
+    );
+    assert_eq!(recorded_header(&seen, "openai-organization"), None);
+    // An upstream cannot forge a gateway decision.
+    let r = raw(
+        gw.addr,
+        &get_req(
+            "/tools/weather/v1/forecast",
+            "x-mock-response-header: x-loopgate-provider: forged\r\nx-mock-response-header: x-loopgate-fallback: forged\r\n",
+        ),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-loopgate-provider"), Some("weather"));
+    assert_eq!(r.header("x-loopgate-fallback"), None);
+}
+
+#[test]
+fn an_idempotency_key_is_bound_to_its_method_path_and_query() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let cancel = |path: &str| {
+        raw(
+            gw.addr,
+            &post_req(path, "Idempotency-Key: cancel-1\r\n", "{}"),
+        )
+    };
+    assert_eq!(cancel("/tools/orders/orders/1/cancel").status, 200);
+    cancel("/tools/orders/orders/2/cancel").assert_error(422, "idempotency_key_reused");
+    cancel("/tools/orders/orders/1/cancel?force=1").assert_error(422, "idempotency_key_reused");
+    let replay = cancel("/tools/orders/orders/1/cancel");
+    assert_eq!(replay.header("x-loopgate-idempotent-replay"), Some("true"));
+    assert_eq!(
+        received(&mock),
+        1,
+        "one cancel ran, none was mistaken for it"
+    );
+}
+
+#[test]
+fn the_gateways_own_failures_never_open_a_shared_breaker() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    // A target too long to rebuild under the tool's base path.
+    let long = format!("/tools/weather/v1/forecast?q={}", "a".repeat(65_400));
+    for _ in 0..5 {
+        let r = raw(gw.addr, &get_req(&long, ""));
+        assert_eq!(r.status, 400, "{r:?}");
+    }
+    // A model name no header can carry (the watchdog echoes it).
+    let bad_model = r#"{"model":"gpt-4o-mini\u0001","messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..5 {
+        let r = raw(gw.addr, &post_req("/v1/chat/completions", "", bad_model));
+        assert_eq!(r.status, 400, "{r:?}");
+    }
+    assert_eq!(received(&mock), 0);
+    // Every breaker is still closed for everyone.
+    let ok = raw(gw.addr, &get_req("/tools/weather/v1/forecast", ""));
+    assert_eq!(ok.status, 200);
+    still_serves(&gw);
+}
+
+#[test]
+fn protocol_upgrades_are_refused_and_an_unasked_101_is_a_failure() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    for up in [
+        "Upgrade: websocket\r\nConnection: Upgrade\r\n",
+        "Upgrade: h2c\r\n",
+        "Connection: keep-alive, upgrade\r\n",
+    ] {
+        raw(gw.addr, &post_req("/v1/chat/completions", up, CHAT))
+            .assert_error(400, "invalid_request");
+        raw(gw.addr, &get_req("/tools/weather/v1/forecast", up))
+            .assert_error(400, "invalid_request");
+    }
+    assert_eq!(received(&mock), 0);
+    // A provider answering 101 to a large body: an error for that request,
+    // and the next one on the same connection gets its own answer.
+    let filler = "y".repeat(70_000);
+    let big =
+        format!(r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{filler}"}}]}}"#);
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let first = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n{}\r\nx-mock-upgrade: 1\r\nContent-Length: {}\r\n\r\n{big}",
+        key(),
+        big.len()
+    );
+    s.write_all(first.as_bytes()).unwrap();
+    let r = read_response(&mut s).expect("an answer to the upgraded request");
+    // 502 from the large-body subrequest, or 500 when the main request saw
+    // its pipe end before the subrequest's answer: an error either way.
+    assert!(r.status == 502 || r.status == 500, "{r:?}");
+    let second = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{CHAT}",
+        key(),
+        CHAT.len()
+    );
+    if s.write_all(second.as_bytes()).is_ok() {
+        if let Some(r) = read_response(&mut s) {
+            // Either the connection was closed, or this is the second answer.
+            assert_eq!(r.status, 200, "{r:?}");
+            assert!(r.json()["choices"].is_array());
+        }
+    }
+    still_serves(&gw);
+}
+
+#[test]
+fn agent_chosen_names_never_become_metric_labels() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    for i in 0..20 {
+        let r = raw(gw.addr, &post_req(&format!("/mcp/rnd{i}"), "", &list));
+        assert_eq!(r.status, 404);
+    }
+    let metrics = curl(&[
+        &gw.admin_url("/metrics"),
+        "-H",
+        &format!("Authorization: Bearer {ADMIN_TOKEN}"),
+    ])
+    .text();
+    assert!(!metrics.contains("rnd"), "agent text in a label");
+    assert_eq!(
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("loopgate_mcp_requests_total{"))
+            .count(),
+        1,
+        "one series for every unknown server"
+    );
+    assert!(
+        metrics.contains(
+            r#"loopgate_mcp_requests_total{decision="deny",server="unknown",tool="-"} 20"#
+        ),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn resetting_no_breaker_does_not_crash_the_admin_listener() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let token = format!("Authorization: Bearer {ADMIN_TOKEN}");
+    for path in ["/admin/breakers/reset", "/admin/breakers//reset"] {
+        let r = curl(&["-X", "POST", &gw.admin_url(path), "-H", &token]);
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+    }
+    let r = curl(&[&gw.admin_url("/health")]);
+    assert_eq!(r.status, 200);
+    still_serves(&gw);
+}
+
+#[test]
+fn the_loop_guard_is_on_by_default_for_tasks() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| {
+            raw(
+                gw.addr,
+                &post_req("/v1/chat/completions", "x-agent-task-id: t1\r\n", CHAT),
+            )
+            .status
+        })
+        .collect();
+    assert_eq!(statuses, [200, 200, 409]);
+    let r = raw(
+        gw.addr,
+        &post_req("/v1/chat/completions", "x-agent-task-id: t1\r\n", CHAT),
+    );
+    r.assert_error(409, "loop_detected");
+    // Without a task id there is no task to loop.
+    still_serves(&gw);
+    still_serves(&gw);
+    still_serves(&gw);
+}
+
+#[test]
+fn bodies_being_received_are_bounded_per_agent_before_they_are_read() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    // Two slow bodies of 900 KB each: what `max_in_flight: 2` allows.
+    let head = |len: usize| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {BULK_KEY}\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    let part = vec![b' '; 900_000];
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(gw.addr).unwrap();
+        s.write_all(head(1_000_000).as_bytes()).unwrap();
+        s.write_all(&part).unwrap();
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // A third is refused as it arrives, not read into memory.
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(head(1_000_000).as_bytes()).unwrap();
+    let _ = s.write_all(&part);
+    let r = read_response(&mut s).expect("an answer");
+    r.assert_error(429, "too_many_in_flight");
+    assert!(r.header("retry-after").is_some());
+    // Other agents are not affected, and the share comes back.
+    still_serves(&gw);
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    let body = format!(
+        r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "z".repeat(800_000)
+    );
+    let req = format!("{}{body}", head(body.len()));
+    assert_eq!(raw(gw.addr, req.as_bytes()).status, 200);
+    assert_eq!(received(&mock), 2);
+}
