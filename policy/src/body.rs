@@ -10,6 +10,7 @@
 
 use crate::decision::{Deny, DenyCode};
 use crate::endpoint::Endpoint;
+use crate::normalize::normalize_into;
 use crate::phrases::PhraseMatcher;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::fmt;
@@ -173,6 +174,8 @@ struct TextScan<'m> {
     bytes: usize,
     found: Option<usize>,
     joined: String,
+    /// Reused for the normalised form of a long string.
+    scratch: String,
     /// The body's length: an upper bound for its text.
     hint: usize,
 }
@@ -187,20 +190,31 @@ impl TextScan<'_> {
             bytes: 0,
             found: None,
             joined: String::new(),
+            scratch: String::new(),
             hint,
         }
     }
 
     fn text(&mut self, s: &str) {
         self.bytes += s.len();
-        if self.found.is_some() || self.matcher.is_none() {
+        self.scan(s);
+    }
+
+    /// Searches `s` (normalised first) without counting it as text.
+    fn scan(&mut self, s: &str) {
+        let Some(m) = self.matcher else { return };
+        if self.found.is_some() {
             return;
         }
         if self.joined.len() + s.len() >= JOIN_UP_TO {
             self.search();
             if s.len() >= JOIN_UP_TO {
                 if self.found.is_none() {
-                    self.found = self.matcher.and_then(|m| m.find(s));
+                    let mut one = std::mem::take(&mut self.scratch);
+                    one.clear();
+                    normalize_into(s, &mut one);
+                    self.found = m.find_normalized(&one);
+                    self.scratch = one;
                 }
                 return;
             }
@@ -210,7 +224,7 @@ impl TextScan<'_> {
             // doubling.
             self.joined.reserve(self.hint.min(JOIN_UP_TO));
         }
-        self.joined.push_str(s);
+        normalize_into(s, &mut self.joined);
         self.joined.push('\0');
     }
 
@@ -218,7 +232,7 @@ impl TextScan<'_> {
     fn search(&mut self) {
         if let (None, Some(m)) = (self.found, self.matcher) {
             if !self.joined.is_empty() {
-                self.found = m.find(&self.joined);
+                self.found = m.find_normalized(&self.joined);
             }
         }
         self.joined.clear();
