@@ -1,7 +1,7 @@
 //! An agent's compiled rules and their evaluation, in the one documented
 //! order (see the crate docs), with enforce and dry-run modes.
 
-use crate::body::BodyFacts;
+use crate::body::{BodyFacts, ToolKind};
 use crate::decision::{Deny, DenyCode};
 use crate::endpoint::Endpoint;
 use crate::pattern::PatternList;
@@ -232,15 +232,7 @@ impl AgentRules {
             )
         });
         verdict.judge(self, model)?;
-        if let Some(allowed) = &self.tools {
-            let tool = facts.tools.iter().find(|t| !allowed.allows(t)).map(|t| {
-                Deny::new(
-                    DenyCode::ToolNotAllowed,
-                    format!("agent `{}` may not use tool `{}`", self.name, clip(t)),
-                )
-            });
-            verdict.judge(self, tool)?;
-        }
+        verdict.judge(self, self.tool_denial(facts))?;
         let tokens = match (self.max_tokens, facts.max_tokens) {
             (Some(max), Some(asked)) if asked > max => Some(Deny::new(
                 DenyCode::MaxTokensExceeded,
@@ -265,6 +257,32 @@ impl AgentRules {
             _ => None,
         };
         verdict.judge(self, phrase)
+    }
+
+    /// The first tool of the request this agent may not use. With a tool
+    /// allowlist every tool must match it by its [`crate::body::ToolUse::id`]; without
+    /// one, any function or built-in tool passes but an MCP connector never
+    /// does: handing the provider a remote server to call is granted
+    /// explicitly (`mcp:...`, see [`crate::body`]) or not at all.
+    fn tool_denial(&self, facts: &BodyFacts) -> Option<Deny> {
+        let t = facts.tools.iter().find(|t| match &self.tools {
+            Some(allowed) => !allowed.allows(&t.id),
+            None => t.kind == ToolKind::Mcp,
+        })?;
+        let msg = match (t.kind, &self.tools) {
+            (ToolKind::Mcp, None) => format!(
+                "agent `{}` may not use MCP server `{}`: MCP servers need a grant in the agent's tools",
+                self.name,
+                clip(&t.id)
+            ),
+            (ToolKind::Mcp, Some(_)) => format!(
+                "agent `{}` may not use MCP server `{}`",
+                self.name,
+                clip(&t.id)
+            ),
+            _ => format!("agent `{}` may not use tool `{}`", self.name, clip(&t.id)),
+        };
+        Some(Deny::new(DenyCode::ToolNotAllowed, msg))
     }
 
     /// Step 8: takes every limit that applies in one atomic store call.
@@ -477,6 +495,7 @@ fn clip(s: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::body::ToolUse;
 
     fn rules() -> AgentRules {
         let mut r = AgentRules::new("a", PatternList::parse(&["gpt-4o"]).unwrap(), 1000);
@@ -493,7 +512,10 @@ mod tests {
         BodyFacts {
             model: "gpt-4o".into(),
             messages: Some(1),
-            tools: vec!["get_weather".into(), "search".into()],
+            tools: vec![
+                ToolUse::function("get_weather"),
+                ToolUse::function("search"),
+            ],
             max_tokens: Some(50),
             ..BodyFacts::default()
         }
@@ -554,7 +576,7 @@ mod tests {
                 DenyCode::ModelNotAllowed,
             ),
             (
-                |f| f.tools.push("delete_everything".into()),
+                |f| f.tools.push(ToolUse::function("delete_everything")),
                 DenyCode::ToolNotAllowed,
             ),
             (|f| f.max_tokens = Some(101), DenyCode::MaxTokensExceeded),
@@ -575,7 +597,7 @@ mod tests {
         let r = rules();
         let mut f = facts();
         f.blocked_phrase = Some(0);
-        f.tools.push("rm".into());
+        f.tools.push(ToolUse::function("rm"));
         assert_eq!(body(&r, &f).unwrap_err().code, DenyCode::ToolNotAllowed);
         f.model = "other".into();
         assert_eq!(body(&r, &f).unwrap_err().code, DenyCode::ModelNotAllowed);
@@ -586,7 +608,7 @@ mod tests {
         let mut r = rules();
         r.mode = Mode::DryRun;
         let mut f = facts();
-        f.tools.push("rm".into());
+        f.tools.push(ToolUse::function("rm"));
         f.blocked_phrase = Some(0);
         let v = body(&r, &f).unwrap();
         assert_eq!(v.would_deny.unwrap().code, DenyCode::ToolNotAllowed);
@@ -599,8 +621,50 @@ mod tests {
             body(&r, &f).unwrap().would_deny.unwrap().code,
             DenyCode::BlockedPhrase
         );
-        f.tools.push("rm".into());
+        f.tools.push(ToolUse::function("rm"));
         assert_eq!(body(&r, &f).unwrap_err().code, DenyCode::ToolNotAllowed);
+    }
+
+    #[test]
+    fn tools_are_judged_by_id_and_mcp_needs_a_grant() {
+        let mcp = ToolUse {
+            kind: ToolKind::Mcp,
+            id: "mcp:gh@https://mcp.example/gh".into(),
+            field: "mcp_servers",
+        };
+        let builtin = ToolUse {
+            kind: ToolKind::BuiltIn,
+            id: "web_search_20250305".into(),
+            field: "tools",
+        };
+        let with = |tools: Vec<ToolUse>| BodyFacts { tools, ..facts() };
+        // Without an allowlist: functions and built-ins pass, MCP never.
+        let mut r = rules();
+        r.tools = None;
+        body(
+            &r,
+            &with(vec![ToolUse::function("anything"), builtin.clone()]),
+        )
+        .unwrap();
+        let d = body(&r, &with(vec![mcp.clone()])).unwrap_err();
+        assert_eq!(d.code, DenyCode::ToolNotAllowed);
+        assert!(d.message.contains("MCP server `mcp:gh@"), "{}", d.message);
+        // With one: each by its id, `search_*`-style grants do not reach
+        // a server tool's type, `mcp:*` grants connectors, `*` everything.
+        let mut r = rules();
+        r.tools = Some(PatternList::parse(&["lookup_invoice", "search_*"]).unwrap());
+        for t in [builtin.clone(), mcp.clone()] {
+            assert_eq!(
+                body(&r, &with(vec![t])).unwrap_err().code,
+                DenyCode::ToolNotAllowed
+            );
+        }
+        r.tools = Some(PatternList::parse(&["web_search_*", "mcp:*"]).unwrap());
+        body(&r, &with(vec![builtin.clone(), mcp.clone()])).unwrap();
+        r.tools = Some(PatternList::parse(&["mcp:gh@https://other/*"]).unwrap());
+        assert!(body(&r, &with(vec![mcp.clone()])).is_err());
+        r.tools = Some(PatternList::parse(&["*"]).unwrap());
+        body(&r, &with(vec![builtin, mcp])).unwrap();
     }
 
     #[test]
