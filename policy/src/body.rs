@@ -1571,6 +1571,65 @@ mod tests {
     }
 
     #[test]
+    fn n_and_the_max_tokens_field() {
+        let f = chat(r#"{"model":"m","messages":[],"n":3,"max_tokens":10}"#).unwrap();
+        assert_eq!(
+            (f.n, f.choices(), f.output_tokens()),
+            (Some(3), 3, Some(30))
+        );
+        assert_eq!(f.max_tokens_field, Some("max_tokens"));
+        let f = inspect_body(
+            Endpoint::Completions,
+            br#"{"model":"m","prompt":"x","n":2,"best_of":5}"#,
+            None,
+        )
+        .unwrap();
+        assert_eq!((f.n, f.output_tokens()), (Some(5), None));
+        let f = chat(r#"{"model":"m","messages":[],"n":null}"#).unwrap();
+        assert_eq!((f.n, f.choices()), (None, 1));
+        for bad in [
+            r#""n":0"#,
+            r#""n":-1"#,
+            r#""n":1.5"#,
+            r#""n":"2""#,
+            r#""best_of":0"#,
+        ] {
+            let d = chat(&format!(r#"{{"model":"m","messages":[],{bad}}}"#)).unwrap_err();
+            assert_eq!(d.code, DenyCode::InvalidRequest, "{bad}");
+            assert!(d.message.contains("positive integer"), "{}", d.message);
+        }
+        let field = |e: Endpoint, body: &str| {
+            inspect_body(e, body.as_bytes(), None)
+                .unwrap()
+                .max_tokens_field
+        };
+        assert_eq!(
+            field(Endpoint::Responses, r#"{"model":"m","input":"x"}"#),
+            Some("max_output_tokens")
+        );
+        assert_eq!(
+            field(Endpoint::Messages, r#"{"model":"m","messages":[]}"#),
+            Some("max_tokens")
+        );
+        assert_eq!(
+            field(Endpoint::Embeddings, r#"{"model":"m","input":"x"}"#),
+            None
+        );
+        // A field present as null is the one to fill in.
+        assert_eq!(
+            field(
+                Endpoint::ChatCompletions,
+                r#"{"model":"m","messages":[],"max_completion_tokens":null}"#
+            ),
+            Some("max_completion_tokens")
+        );
+        let d =
+            chat(r#"{"model":"m","messages":[],"max_tokens":null,"max_completion_tokens":null}"#)
+                .unwrap_err();
+        assert_eq!(d.code, DenyCode::InvalidRequest);
+    }
+
+    #[test]
     fn phrases_are_found_in_nested_text_after_unescaping() {
         let m = PhraseMatcher::new(&["ignore previous instructions"]).unwrap();
         let scan = |body: &str| {
