@@ -83,7 +83,7 @@ use std::fmt;
 pub const MAX_DEPTH: usize = 64;
 
 /// How a tool reaches the model, which decides how it is named.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ToolKind {
     /// A function the agent implements: named by its name.
     Function,
@@ -95,7 +95,7 @@ pub enum ToolKind {
 }
 
 /// One tool a request gives the model.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ToolUse {
     pub kind: ToolKind,
     /// What a tool grant must match (see the module docs).
@@ -1812,6 +1812,248 @@ mod tests {
         .unwrap_err();
         assert_eq!(d.code, DenyCode::InvalidJson);
         assert!(start.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    mod agree {
+        //! "Judge and forward agree": the tools inspection judges are the
+        //! tools an independent reader of the parsed body (what a provider
+        //! would forward to the model) finds, and both refuse alike.
+        use super::super::*;
+        use proptest::prelude::*;
+        use serde_json::{json, Map, Value};
+        use std::collections::BTreeSet;
+
+        type Tools = BTreeSet<(ToolKind, String)>;
+
+        fn text(v: Option<&Value>) -> Result<Option<&str>, ()> {
+            match v {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+                _ => Err(()),
+            }
+        }
+
+        /// Every tool `v` gives the model, read from the value tree;
+        /// `Err` where a request must be refused.
+        fn reader(v: &Value) -> Result<Tools, ()> {
+            let mut out = Tools::new();
+            let list = |field: &str| match v.get(field) {
+                None | Some(Value::Null) => Ok(&[][..]),
+                Some(Value::Array(a)) => Ok(&a[..]),
+                Some(_) => Err(()),
+            };
+            let function = |name: &str| {
+                if name.starts_with("mcp:") {
+                    Err(())
+                } else {
+                    Ok((ToolKind::Function, name.to_string()))
+                }
+            };
+            let mcp = |label: &str, at: &str| {
+                if label.contains('@') {
+                    Err(())
+                } else {
+                    Ok((ToolKind::Mcp, format!("mcp:{label}@{at}")))
+                }
+            };
+            for t in list("tools")? {
+                let t = t.as_object().ok_or(())?;
+                let tool = match text(t.get("type"))? {
+                    None | Some("function" | "custom") => {
+                        let mut names = BTreeSet::new();
+                        names.extend(text(t.get("name"))?);
+                        for inner in ["function", "custom"] {
+                            match t.get(inner) {
+                                None | Some(Value::Null) => {}
+                                Some(Value::Object(o)) => names.extend(text(o.get("name"))?),
+                                Some(_) => return Err(()),
+                            }
+                        }
+                        match names.len() {
+                            1 => function(names.first().ok_or(())?)?,
+                            _ => return Err(()),
+                        }
+                    }
+                    Some("mcp") => {
+                        let label = text(t.get("server_label"))?.ok_or(())?;
+                        match (text(t.get("server_url"))?, text(t.get("connector_id"))?) {
+                            (Some(at), None) | (None, Some(at)) => mcp(label, at)?,
+                            _ => return Err(()),
+                        }
+                    }
+                    Some(ty) => {
+                        text(t.get("name"))?;
+                        (ToolKind::BuiltIn, ty.to_string())
+                    }
+                };
+                out.insert(tool);
+            }
+            for f in list("functions")? {
+                out.insert(function(text(f.get("name"))?.ok_or(())?)?);
+            }
+            for m in list("mcp_servers")? {
+                let label = text(m.get("name"))?.ok_or(())?;
+                out.insert(mcp(label, text(m.get("url"))?.ok_or(())?)?);
+            }
+            Ok(out)
+        }
+
+        fn name() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                8 => "[a-z]{1,3}".prop_map(Value::from),
+                1 => Just(json!("mcp:x")),
+                1 => Just(json!("a@b")),
+                1 => Just(json!("")),
+                1 => Just(json!(7)),
+                1 => Just(Value::Null),
+            ]
+        }
+
+        fn tool() -> impl Strategy<Value = Value> {
+            let builtin = prop_oneof![
+                Just("web_search_preview"),
+                Just("web_search_20250305"),
+                Just("file_search"),
+                Just("code_interpreter"),
+                Just("computer_use_preview"),
+                Just("image_generation"),
+                Just("local_shell"),
+                Just("bash_20250124"),
+            ];
+            prop_oneof![
+                name().prop_map(|n| json!({"type":"function","function":{"name":n,"parameters":{"type":"object"}}})),
+                name().prop_map(|n| json!({"type":"function","name":n,"description":"d"})),
+                name().prop_map(|n| json!({"name":n,"input_schema":{}})),
+                name().prop_map(|n| json!({"type":"custom","name":n})),
+                name().prop_map(|n| json!({"type":"custom","custom":{"name":n}})),
+                (name(), name()).prop_map(|(a, b)| json!({"type":"function","name":a,"function":{"name":b}})),
+                builtin.clone().prop_map(|t| json!({"type":t})),
+                (builtin, name()).prop_map(|(t, n)| json!({"type":t,"name":n})),
+                (name(), name()).prop_map(|(l, u)| json!({"type":"mcp","server_label":l,"server_url":u})),
+                (name(), name()).prop_map(|(l, c)| json!({"type":"mcp","server_label":l,"connector_id":c})),
+                name().prop_map(|l| json!({"type":"mcp","server_label":l})),
+                Just(json!({"description":"no name"})),
+                Just(json!({"type":"function","function":"f"})),
+                Just(json!(1)),
+                Just(json!("tool")),
+            ]
+        }
+
+        fn list(item: impl Strategy<Value = Value>) -> impl Strategy<Value = Option<Value>> {
+            prop_oneof![
+                3 => Just(None),
+                6 => proptest::collection::vec(item, 0..4).prop_map(|v| Some(Value::Array(v))),
+                1 => Just(Some(Value::Null)),
+                1 => Just(Some(json!({}))),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn judged_tools_are_the_tools_a_reader_finds(
+                tools in list(tool()),
+                functions in list(name().prop_map(|n| json!({"name":n,"parameters":{}}))),
+                mcp in list((name(), name()).prop_map(|(n, u)| json!({"type":"url","name":n,"url":u}))),
+            ) {
+                let mut body = Map::new();
+                body.insert("model".into(), json!("m"));
+                body.insert("messages".into(), json!([]));
+                for (k, v) in [("tools", tools), ("functions", functions), ("mcp_servers", mcp)] {
+                    if let Some(v) = v {
+                        body.insert(k.into(), v);
+                    }
+                }
+                let body = Value::Object(body);
+                let bytes = serde_json::to_vec(&body).unwrap();
+                let judged = inspect_body(Endpoint::ChatCompletions, &bytes, None);
+                match (judged, reader(&body)) {
+                    (Ok(f), Ok(expected)) => {
+                        let got: Tools = f.tools.iter().map(|t| (t.kind, t.id.clone())).collect();
+                        prop_assert_eq!(got, expected);
+                    }
+                    (Err(d), Err(())) => prop_assert_eq!(d.code, DenyCode::InvalidRequest),
+                    (judged, expected) => {
+                        prop_assert!(false, "{body}: judged {judged:?}, reader {expected:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Any JSON value, biased towards the keys inspection reads.
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::Value;
+        let key = prop_oneof![
+            Just("model".to_string()),
+            Just("messages".to_string()),
+            Just("tools".to_string()),
+            Just("functions".to_string()),
+            Just("mcp_servers".to_string()),
+            Just("tool_choice".to_string()),
+            Just("function_call".to_string()),
+            Just("allowed_tools".to_string()),
+            Just("type".to_string()),
+            Just("name".to_string()),
+            Just("function".to_string()),
+            Just("server_label".to_string()),
+            Just("server_url".to_string()),
+            Just("max_tokens".to_string()),
+            Just("n".to_string()),
+            Just("prompt".to_string()),
+            "\\PC{0,6}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            "\\PC{0,12}".prop_map(Value::from),
+            Just(Value::from("ig\u{AD}NORE")),
+        ];
+        leaf.prop_recursive(6, 64, 5, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::vec((key.clone(), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Inspection never panics on any JSON value, as a body or inside
+        /// one, with a phrase matcher or without.
+        #[test]
+        fn never_panics_on_json_values(v in arb_json(), model in proptest::bool::ANY) {
+            let m = PhraseMatcher::new(&["ignore"]).unwrap();
+            let mut bodies = vec![v.clone()];
+            if let serde_json::Value::Object(mut o) = v {
+                if model {
+                    o.insert("model".into(), "m".into());
+                }
+                bodies.push(serde_json::Value::Object(o));
+            }
+            for body in bodies {
+                let bytes = serde_json::to_vec(&body).unwrap();
+                for e in Endpoint::ALL {
+                    let a = inspect_body(e, &bytes, Some(&m));
+                    let b = inspect_body(e, &bytes, None);
+                    // The matcher changes only what is found.
+                    proptest::prop_assert_eq!(
+                        a.clone().map(|f| BodyFacts { blocked_phrase: None, ..f }),
+                        b
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn never_panics_on_bytes_with_phrases(
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+        ) {
+            let m = PhraseMatcher::new(&["ignore", "ｄａｎ"]).unwrap();
+            let _ = inspect_body(Endpoint::Responses, &body, Some(&m));
+        }
     }
 
     proptest::proptest! {
