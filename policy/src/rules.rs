@@ -98,7 +98,9 @@ pub struct AgentRules {
     pub models: PatternList,
     /// `None`: every served endpoint.
     pub paths: Option<HashSet<Endpoint>>,
-    /// `None`: any tools.
+    /// Tool grants, matched against each tool's [`crate::body::ToolUse::id`]
+    /// (function name, built-in type, `mcp:<label>@<address>`).
+    /// `None`: any function or built-in tool, but no MCP connector.
     pub tools: Option<PatternList>,
     /// Lower-case header names that must be present and non-empty.
     pub required_headers: Vec<String>,
