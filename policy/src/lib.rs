@@ -34,6 +34,7 @@ pub mod decision;
 pub mod endpoint;
 pub mod keys;
 pub mod mcp;
+pub mod normalize;
 pub mod pattern;
 pub mod phrases;
 pub mod rewrite;

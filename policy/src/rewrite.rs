@@ -1,7 +1,10 @@
-//! Rewriting the top-level `model` of a JSON body that admission already
-//! validated, for routes that rename the model per target. Only the bytes
-//! of that one value change; everything else is copied as it was, so the
-//! provider sees the agent's body byte for byte apart from the model.
+//! Rewriting top-level fields of a JSON body that admission already
+//! validated: the `model`, for routes that rename the model per target
+//! ([`replace_model`]), and a field the gateway sets, such as the agent's
+//! max-tokens limit when the body has none ([`insert_field`]). Only the
+//! bytes of that one value change (or are added); everything else is copied
+//! as it was, so the provider sees the agent's body byte for byte apart
+//! from the rewritten field.
 
 /// The body with its top-level `"model"` value replaced by `model`, or
 /// `None` if the body has no top-level `model` (or is not a JSON object).
@@ -12,6 +15,46 @@ pub fn replace_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
     out.extend_from_slice(&body[..start]);
     out.extend_from_slice(&new);
     out.extend_from_slice(&body[end..]);
+    Some(out)
+}
+
+/// The body with top-level field `key` set to `value`: the value replaced
+/// where the key is present (e.g. `"max_tokens": null`), else the field
+/// inserted right after the opening `{` (`{"max_tokens":100,` + the rest).
+/// `None` if the body is not a JSON object.
+///
+/// Meant for bodies [`crate::inspect_body`] accepted, which have no
+/// duplicate judged keys: on such a body the result is valid JSON with
+/// exactly one `key`. The key is written as a JSON string (escaped as
+/// needed).
+pub fn insert_field<T: serde::Serialize + ?Sized>(
+    body: &[u8],
+    key: &str,
+    value: &T,
+) -> Option<Vec<u8>> {
+    let new = serde_json::to_vec(value).ok()?;
+    if let Some((start, end)) = top_level_value(body, key) {
+        let mut out = Vec::with_capacity(body.len() - (end - start) + new.len());
+        out.extend_from_slice(&body[..start]);
+        out.extend_from_slice(&new);
+        out.extend_from_slice(&body[end..]);
+        return Some(out);
+    }
+    let open = skip_ws(body, 0);
+    if body.get(open) != Some(&b'{') {
+        return None;
+    }
+    let empty = body.get(skip_ws(body, open + 1)) == Some(&b'}');
+    let key = serde_json::to_vec(key).ok()?;
+    let mut out = Vec::with_capacity(body.len() + key.len() + new.len() + 2);
+    out.extend_from_slice(&body[..=open]);
+    out.extend_from_slice(&key);
+    out.push(b':');
+    out.extend_from_slice(&new);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(&body[open + 1..]);
     Some(out)
 }
 
@@ -144,7 +187,51 @@ mod tests {
         assert!(replace_model(b"", "y").is_none());
     }
 
+    #[test]
+    fn inserts_a_field_after_the_opening_brace() {
+        let body = br#" {"model":"m","messages":[{"max_tokens":1}]}"#;
+        let out = insert_field(body, "max_tokens", &100u64).unwrap();
+        assert_eq!(
+            out,
+            br#" {"max_tokens":100,"model":"m","messages":[{"max_tokens":1}]}"#
+        );
+        assert_eq!(insert_field(b"{ }", "n", &1).unwrap(), br#"{"n":1 }"#);
+        assert_eq!(insert_field(b"{}", "a\"b", &1).unwrap(), br#"{"a\"b":1}"#);
+        // A key already there (null, as inspection lets through) is replaced.
+        let out = insert_field(
+            br#"{"model":"m","max_tokens" : null,"x":1}"#,
+            "max_tokens",
+            &7,
+        );
+        assert_eq!(out.unwrap(), br#"{"model":"m","max_tokens" : 7,"x":1}"#);
+        assert!(insert_field(b"[1]", "n", &1).is_none());
+        assert!(insert_field(b"", "n", &1).is_none());
+        assert!(insert_field(b"  ", "n", &1).is_none());
+    }
+
     proptest::proptest! {
+        #[test]
+        fn inserted_fields_are_valid_json_with_one_copy(
+            key in "[a-z_\"\\\\]{1,12}",
+            value in 0u64..u64::MAX,
+            fields in proptest::collection::btree_map("[a-z]{1,6}", 0u32..9, 0..5),
+            pad in "[ \n\t]{0,3}",
+        ) {
+            let body = serde_json::to_string(&fields).unwrap().replace(',', &format!(",{pad}"));
+            let body = format!("{pad}{body}{pad}");
+            let out = insert_field(body.as_bytes(), &key, &value).unwrap();
+            let v: Value = serde_json::from_slice(&out).unwrap();
+            proptest::prop_assert_eq!(&v[key.as_str()], &Value::from(value));
+            // Nothing else changed: one more key, or the same keys.
+            let expected = fields.len() + usize::from(!fields.contains_key(&key));
+            proptest::prop_assert_eq!(v.as_object().map(|o| o.len()), Some(expected));
+        }
+
+        #[test]
+        fn insert_never_panics(body in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            let _ = insert_field(&body, "max_tokens", &1u64);
+        }
+
         #[test]
         fn output_is_valid_json_with_the_new_model(
             model in "[a-zA-Z0-9 ._\"\\\\-]{0,20}",

@@ -1,7 +1,7 @@
 //! An agent's compiled rules and their evaluation, in the one documented
 //! order (see the crate docs), with enforce and dry-run modes.
 
-use crate::body::BodyFacts;
+use crate::body::{BodyFacts, ToolKind};
 use crate::decision::{Deny, DenyCode};
 use crate::endpoint::Endpoint;
 use crate::pattern::PatternList;
@@ -98,7 +98,9 @@ pub struct AgentRules {
     pub models: PatternList,
     /// `None`: every served endpoint.
     pub paths: Option<HashSet<Endpoint>>,
-    /// `None`: any tools.
+    /// Tool grants, matched against each tool's [`crate::body::ToolUse::id`]
+    /// (function name, built-in type, `mcp:<label>@<address>`).
+    /// `None`: any function or built-in tool, but no MCP connector.
     pub tools: Option<PatternList>,
     /// Lower-case header names that must be present and non-empty.
     pub required_headers: Vec<String>,
@@ -170,6 +172,22 @@ impl Verdict {
     }
 }
 
+/// What [`AgentRules::check_body`] leaves the gateway to do with a body it
+/// let through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BodyPlan {
+    /// A field to set before forwarding, `(name, value)`: the body bounds
+    /// no output tokens and the agent has a limit, so the limit (divided
+    /// among `n` completions) is written with
+    /// [`crate::rewrite::insert_field`] under the endpoint's field
+    /// ([`BodyFacts::max_tokens_field`]).
+    pub insert_max_tokens: Option<(&'static str, u64)>,
+    /// Output tokens the request may cost, to reserve from rate limits and
+    /// budgets (pass as [`LimitRequest::max_tokens`]): its max_tokens (as
+    /// sent or inserted, else the budgets' `default_max_tokens`) times `n`.
+    pub output_tokens: u64,
+}
+
 const MINUTE: Duration = Duration::from_secs(60);
 
 impl AgentRules {
@@ -220,7 +238,20 @@ impl AgentRules {
     }
 
     /// Body rules: model, tools, max tokens, message count, blocked phrases.
-    pub fn check_body(&self, facts: &BodyFacts, verdict: &mut Verdict) -> Result<(), Deny> {
+    ///
+    /// Output tokens: a request may cost `max_tokens × n` (see
+    /// [`BodyFacts::output_tokens`]), which must fit the agent's
+    /// `max_tokens` limit. A body that bounds nothing would get the
+    /// provider's default, however large: with a limit the returned plan
+    /// says to insert `limit / n` per completion (refused when not even one
+    /// token per completion fits), unless `max_tokens_exceeded` is in
+    /// dry-run, where the body goes unchanged.
+    ///
+    /// On success returns what the gateway must still do with the body
+    /// ([`BodyPlan`]): apply `insert_max_tokens` with
+    /// [`crate::rewrite::insert_field`] before forwarding, and reserve
+    /// `output_tokens` (as [`LimitRequest::max_tokens`]).
+    pub fn check_body(&self, facts: &BodyFacts, verdict: &mut Verdict) -> Result<BodyPlan, Deny> {
         let model = (!self.models.allows(&facts.model)).then(|| {
             Deny::new(
                 DenyCode::ModelNotAllowed,
@@ -232,23 +263,45 @@ impl AgentRules {
             )
         });
         verdict.judge(self, model)?;
-        if let Some(allowed) = &self.tools {
-            let tool = facts.tools.iter().find(|t| !allowed.allows(t)).map(|t| {
-                Deny::new(
-                    DenyCode::ToolNotAllowed,
-                    format!("agent `{}` may not use tool `{}`", self.name, clip(t)),
-                )
-            });
-            verdict.judge(self, tool)?;
-        }
+        verdict.judge(self, self.tool_denial(facts))?;
+        let n = facts.choices();
+        let mut insert = None;
         let tokens = match (self.max_tokens, facts.max_tokens) {
-            (Some(max), Some(asked)) if asked > max => Some(Deny::new(
+            (Some(max), Some(asked)) if asked.saturating_mul(n) > max => Some(Deny::new(
                 DenyCode::MaxTokensExceeded,
-                format!("max_tokens {asked} exceeds this agent's limit of {max}"),
+                if n > 1 {
+                    format!(
+                            "max_tokens {asked} for each of n = {n} completions ({}) exceeds this agent's limit of {max}",
+                            asked.saturating_mul(n)
+                        )
+                } else {
+                    format!("max_tokens {asked} exceeds this agent's limit of {max}")
+                },
             )),
+            (Some(max), None) => match facts.max_tokens_field {
+                Some(_) if max / n == 0 => Some(Deny::new(
+                    DenyCode::MaxTokensExceeded,
+                    format!(
+                        "n = {n} completions cannot fit this agent's max_tokens limit of {max}"
+                    ),
+                )),
+                Some(field) if !self.is_dry_run(DenyCode::MaxTokensExceeded) => {
+                    insert = Some((field, max / n));
+                    None
+                }
+                _ => None,
+            },
             _ => None,
         };
         verdict.judge(self, tokens)?;
+        let per_choice = facts
+            .max_tokens
+            .or(insert.map(|(_, v)| v))
+            .unwrap_or(self.budgets.default_max_tokens);
+        let plan = BodyPlan {
+            insert_max_tokens: insert,
+            output_tokens: per_choice.saturating_mul(n),
+        };
         let messages = match (self.max_messages, facts.messages) {
             (Some(max), Some(n)) if n > max => Some(Deny::new(
                 DenyCode::TooManyMessages,
@@ -264,7 +317,34 @@ impl AgentRules {
             )),
             _ => None,
         };
-        verdict.judge(self, phrase)
+        verdict.judge(self, phrase)?;
+        Ok(plan)
+    }
+
+    /// The first tool of the request this agent may not use. With a tool
+    /// allowlist every tool must match it by its [`crate::body::ToolUse::id`]; without
+    /// one, any function or built-in tool passes but an MCP connector never
+    /// does: handing the provider a remote server to call is granted
+    /// explicitly (`mcp:...`, see [`crate::body`]) or not at all.
+    fn tool_denial(&self, facts: &BodyFacts) -> Option<Deny> {
+        let t = facts.tools.iter().find(|t| match &self.tools {
+            Some(allowed) => !allowed.allows(&t.id),
+            None => t.kind == ToolKind::Mcp,
+        })?;
+        let msg = match (t.kind, &self.tools) {
+            (ToolKind::Mcp, None) => format!(
+                "agent `{}` may not use MCP server `{}`: MCP servers need a grant in the agent's tools",
+                self.name,
+                clip(&t.id)
+            ),
+            (ToolKind::Mcp, Some(_)) => format!(
+                "agent `{}` may not use MCP server `{}`",
+                self.name,
+                clip(&t.id)
+            ),
+            _ => format!("agent `{}` may not use tool `{}`", self.name, clip(&t.id)),
+        };
+        Some(Deny::new(DenyCode::ToolNotAllowed, msg))
     }
 
     /// Step 8: takes every limit that applies in one atomic store call.
@@ -477,6 +557,7 @@ fn clip(s: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::body::ToolUse;
 
     fn rules() -> AgentRules {
         let mut r = AgentRules::new("a", PatternList::parse(&["gpt-4o"]).unwrap(), 1000);
@@ -493,7 +574,10 @@ mod tests {
         BodyFacts {
             model: "gpt-4o".into(),
             messages: Some(1),
-            tools: vec!["get_weather".into(), "search".into()],
+            tools: vec![
+                ToolUse::function("get_weather"),
+                ToolUse::function("search"),
+            ],
             max_tokens: Some(50),
             ..BodyFacts::default()
         }
@@ -518,6 +602,107 @@ mod tests {
         let mut v = Verdict::default();
         r.check_body(f, &mut v)?;
         Ok(v)
+    }
+
+    fn plan(r: &AgentRules, f: &BodyFacts) -> Result<BodyPlan, Deny> {
+        r.check_body(f, &mut Verdict::default())
+    }
+
+    #[test]
+    fn an_inserted_limit_is_what_the_provider_reads() {
+        let r = rules();
+        for (endpoint, body) in [
+            (
+                Endpoint::ChatCompletions,
+                &br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"n":2}"#[..],
+            ),
+            (Endpoint::Responses, br#"{"model":"gpt-4o","input":"hi"}"#),
+            (
+                Endpoint::Messages,
+                br#"{"model":"gpt-4o","max_tokens":null,"messages":[]}"#,
+            ),
+        ] {
+            let facts = crate::inspect_body(endpoint, body, None).unwrap();
+            let first = plan(&r, &facts).unwrap();
+            let (field, value) = first.insert_max_tokens.unwrap();
+            let out = crate::rewrite::insert_field(body, field, &value).unwrap();
+            let again = crate::inspect_body(endpoint, &out, None).unwrap();
+            assert_eq!(again.output_tokens(), Some(first.output_tokens));
+            assert!(again.output_tokens() <= r.max_tokens);
+            assert_eq!(plan(&r, &again).unwrap().insert_max_tokens, None);
+        }
+    }
+
+    #[test]
+    fn max_tokens_times_n_must_fit_and_a_missing_limit_is_inserted() {
+        let r = rules(); // max_tokens limit 100
+        let with = |max_tokens, n| BodyFacts {
+            max_tokens,
+            n,
+            max_tokens_field: Some("max_tokens"),
+            ..facts()
+        };
+        assert_eq!(
+            plan(&r, &with(Some(50), Some(2))).unwrap(),
+            BodyPlan {
+                insert_max_tokens: None,
+                output_tokens: 100
+            }
+        );
+        let d = plan(&r, &with(Some(50), Some(3))).unwrap_err();
+        assert_eq!(d.code, DenyCode::MaxTokensExceeded);
+        assert!(d.message.contains("n = 3"), "{}", d.message);
+        assert_eq!(
+            plan(&r, &with(Some(u64::MAX), Some(u64::MAX)))
+                .unwrap_err()
+                .code,
+            DenyCode::MaxTokensExceeded
+        );
+        // Omitted: the limit is inserted, shared among the completions.
+        assert_eq!(
+            plan(&r, &with(None, None)).unwrap(),
+            BodyPlan {
+                insert_max_tokens: Some(("max_tokens", 100)),
+                output_tokens: 100
+            }
+        );
+        let mut f = with(None, Some(3));
+        f.max_tokens_field = Some("max_output_tokens");
+        assert_eq!(
+            plan(&r, &f).unwrap(),
+            BodyPlan {
+                insert_max_tokens: Some(("max_output_tokens", 33)),
+                output_tokens: 99
+            }
+        );
+        assert_eq!(
+            plan(&r, &with(None, Some(101))).unwrap_err().code,
+            DenyCode::MaxTokensExceeded
+        );
+        // No field to bound (embeddings): nothing inserted.
+        let mut f = with(None, None);
+        f.max_tokens_field = None;
+        assert_eq!(plan(&r, &f).unwrap().insert_max_tokens, None);
+        // Dry-run: reported, the body left as it is.
+        let mut dry = rules();
+        dry.dry_run.insert(DenyCode::MaxTokensExceeded);
+        assert_eq!(
+            plan(&dry, &with(None, None)).unwrap(),
+            BodyPlan {
+                insert_max_tokens: None,
+                output_tokens: 1024
+            }
+        );
+        // Without a limit: the default output reservation, times n.
+        let mut free = rules();
+        free.max_tokens = None;
+        assert_eq!(
+            plan(&free, &with(None, Some(4))).unwrap(),
+            BodyPlan {
+                insert_max_tokens: None,
+                output_tokens: 4096
+            }
+        );
     }
 
     #[test]
@@ -554,7 +739,7 @@ mod tests {
                 DenyCode::ModelNotAllowed,
             ),
             (
-                |f| f.tools.push("delete_everything".into()),
+                |f| f.tools.push(ToolUse::function("delete_everything")),
                 DenyCode::ToolNotAllowed,
             ),
             (|f| f.max_tokens = Some(101), DenyCode::MaxTokensExceeded),
@@ -575,7 +760,7 @@ mod tests {
         let r = rules();
         let mut f = facts();
         f.blocked_phrase = Some(0);
-        f.tools.push("rm".into());
+        f.tools.push(ToolUse::function("rm"));
         assert_eq!(body(&r, &f).unwrap_err().code, DenyCode::ToolNotAllowed);
         f.model = "other".into();
         assert_eq!(body(&r, &f).unwrap_err().code, DenyCode::ModelNotAllowed);
@@ -586,7 +771,7 @@ mod tests {
         let mut r = rules();
         r.mode = Mode::DryRun;
         let mut f = facts();
-        f.tools.push("rm".into());
+        f.tools.push(ToolUse::function("rm"));
         f.blocked_phrase = Some(0);
         let v = body(&r, &f).unwrap();
         assert_eq!(v.would_deny.unwrap().code, DenyCode::ToolNotAllowed);
@@ -599,8 +784,50 @@ mod tests {
             body(&r, &f).unwrap().would_deny.unwrap().code,
             DenyCode::BlockedPhrase
         );
-        f.tools.push("rm".into());
+        f.tools.push(ToolUse::function("rm"));
         assert_eq!(body(&r, &f).unwrap_err().code, DenyCode::ToolNotAllowed);
+    }
+
+    #[test]
+    fn tools_are_judged_by_id_and_mcp_needs_a_grant() {
+        let mcp = ToolUse {
+            kind: ToolKind::Mcp,
+            id: "mcp:gh@https://mcp.example/gh".into(),
+            field: "mcp_servers",
+        };
+        let builtin = ToolUse {
+            kind: ToolKind::BuiltIn,
+            id: "web_search_20250305".into(),
+            field: "tools",
+        };
+        let with = |tools: Vec<ToolUse>| BodyFacts { tools, ..facts() };
+        // Without an allowlist: functions and built-ins pass, MCP never.
+        let mut r = rules();
+        r.tools = None;
+        body(
+            &r,
+            &with(vec![ToolUse::function("anything"), builtin.clone()]),
+        )
+        .unwrap();
+        let d = body(&r, &with(vec![mcp.clone()])).unwrap_err();
+        assert_eq!(d.code, DenyCode::ToolNotAllowed);
+        assert!(d.message.contains("MCP server `mcp:gh@"), "{}", d.message);
+        // With one: each by its id, `search_*`-style grants do not reach
+        // a server tool's type, `mcp:*` grants connectors, `*` everything.
+        let mut r = rules();
+        r.tools = Some(PatternList::parse(&["lookup_invoice", "search_*"]).unwrap());
+        for t in [builtin.clone(), mcp.clone()] {
+            assert_eq!(
+                body(&r, &with(vec![t])).unwrap_err().code,
+                DenyCode::ToolNotAllowed
+            );
+        }
+        r.tools = Some(PatternList::parse(&["web_search_*", "mcp:*"]).unwrap());
+        body(&r, &with(vec![builtin.clone(), mcp.clone()])).unwrap();
+        r.tools = Some(PatternList::parse(&["mcp:gh@https://other/*"]).unwrap());
+        assert!(body(&r, &with(vec![mcp.clone()])).is_err());
+        r.tools = Some(PatternList::parse(&["*"]).unwrap());
+        body(&r, &with(vec![builtin, mcp])).unwrap();
     }
 
     #[test]
