@@ -311,7 +311,19 @@ pub async fn admit(
         .never_retryable()
         .into());
     }
-    rules.check_body(&facts, &mut verdict)?;
+    let plan = rules.check_body(&facts, &mut verdict)?;
+    // An agent that set no output limit gets its own: the provider's
+    // default can be far above it. The body changes, so every attempt
+    // sends ours.
+    let mut body = body;
+    let mut rewritten = false;
+    if let Some((field, limit)) = plan.insert_max_tokens {
+        let Some(with) = loopgate_policy::rewrite::insert_field(&body, field, &limit) else {
+            return Err(GatewayError::Internal("cannot set the output limit".into()));
+        };
+        body = Bytes::from(with);
+        rewritten = true;
+    }
     let find_route = |model: &str| {
         let found = cfg.routes.find(model).ok_or_else(|| {
             Deny::new(
@@ -329,7 +341,6 @@ pub async fn admit(
     };
     let (mut route_name, mut route) = find_route(&facts.model)?;
     let mut model = facts.model.clone();
-    let mut body = body;
 
     // Limits before the task guards: a request the limits refuse leaves no
     // loop or watchdog state behind (a refused agent cannot grow it), and
@@ -339,7 +350,7 @@ pub async fn admit(
     let limit_req = LimitRequest {
         extra: &[],
         estimated_prompt: facts.estimated_prompt_tokens(),
-        max_tokens: facts.max_tokens,
+        max_tokens: Some(plan.output_tokens),
         task,
     };
     let taken = rules
@@ -406,6 +417,7 @@ pub async fn admit(
             isolation: None,
             fail_open: None,
             mcp: None,
+            body_rewritten: rewritten,
             forward_headers: cfg.forward_headers[agent_idx].clone(),
         }),
         body,

@@ -45,6 +45,9 @@ pub struct Admission {
     pub fail_open: Option<DenyCode>,
     /// An MCP request: server, method, tool, list filters.
     pub mcp: Option<Arc<super::mcp::McpCall>>,
+    /// Admission changed the body (an output limit set): every attempt
+    /// sends the judged bytes, not Pingora's replay of the agent's.
+    pub body_rewritten: bool,
     /// Scoping headers this agent may send upstream (config).
     pub forward_headers: Vec<http::HeaderName>,
 }

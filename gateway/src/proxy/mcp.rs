@@ -444,6 +444,7 @@ pub async fn admit_mcp(
             isolation: None,
             fail_open,
             mcp: Some(Arc::new(call)),
+            body_rewritten: false,
             forward_headers: cfg.forward_headers[agent_idx].clone(),
         }),
         body,

@@ -349,7 +349,7 @@ impl Gateway {
                         .inc();
                 }
                 ctx.lease = Some(taken.lease);
-                if admission.degraded_from.is_some() {
+                if admission.degraded_from.is_some() || admission.body_rewritten {
                     // The watchdog rewrote the model: Pingora's replay holds
                     // the agent's original body, so every attempt sends ours.
                     ctx.original_body = Some(body.clone());

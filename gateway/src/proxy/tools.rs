@@ -387,6 +387,7 @@ pub async fn admit_tool(
             isolation,
             fail_open: unsure.code,
             mcp: None,
+            body_rewritten: false,
             forward_headers: cfg.forward_headers[agent_idx].clone(),
         }),
         body,
