@@ -545,12 +545,17 @@ fn first_call_args(body: &[u8], noise: &[String]) -> Value {
     serde_json::json!({ "tool": call.get("params").and_then(|p| p.get("name")), "arguments": args })
 }
 
+/// Largest MCP message held to filter it (a JSON body, or one SSE event).
+pub const MAX_LIST_BYTES: usize = 8 * 1024 * 1024;
+
 /// Filters `*/list` results to the grant as the response passes: a JSON
 /// body is held whole (it is one message); an SSE stream passes event by
 /// event, and only an event carrying a list result is held and rewritten.
 #[derive(Debug)]
 pub struct ListRewriter {
-    lists: Vec<ListFilter>,
+    /// By JSON-RPC id (its JSON text, so `1` and `"1"` stay apart): one
+    /// lookup per answered message, not a scan of every list request.
+    lists: std::collections::HashMap<String, ListFilter>,
     access: Arc<McpAccess>,
     sse: bool,
     pending: Vec<u8>,
@@ -560,7 +565,11 @@ pub struct ListRewriter {
 impl ListRewriter {
     pub fn new(call: &McpCall, content_type: &str) -> ListRewriter {
         ListRewriter {
-            lists: call.lists.clone(),
+            lists: call
+                .lists
+                .iter()
+                .map(|f| (f.id.to_string(), f.clone()))
+                .collect(),
             access: call.access.clone(),
             sse: content_type.starts_with("text/event-stream"),
             pending: Vec::new(),
@@ -572,8 +581,10 @@ impl ListRewriter {
     fn rewrite_message(&mut self, v: &mut Value) -> bool {
         let mut changed = false;
         let mut one = |m: &mut Value, this: &mut ListRewriter| {
-            let id = m.get("id").cloned();
-            if let Some(f) = this.lists.iter().find(|f| Some(&f.id) == id.as_ref()) {
+            let Some(id) = m.get("id").map(Value::to_string) else {
+                return;
+            };
+            if let Some(f) = this.lists.get(&id) {
                 if let Some(result) = m.get_mut("result") {
                     this.removed += this.access.grant.filter_list(f, result);
                     changed = true;
@@ -587,9 +598,21 @@ impl ListRewriter {
         changed
     }
 
-    /// Takes the next body chunk; returns what to send now.
-    pub fn feed(&mut self, chunk: &[u8], end: bool) -> Bytes {
+    /// Takes the next body chunk; returns what to send now, or `Err` when
+    /// the message to filter outgrew [`MAX_LIST_BYTES`]: it is never passed
+    /// on unfiltered.
+    pub fn feed(&mut self, chunk: &[u8], end: bool) -> Result<Bytes, String> {
+        if self.pending.len() + chunk.len() > MAX_LIST_BYTES {
+            self.pending = Vec::new();
+            return Err(format!(
+                "an MCP answer to filter exceeds {MAX_LIST_BYTES} bytes"
+            ));
+        }
         self.pending.extend_from_slice(chunk);
+        Ok(self.feed_held(end))
+    }
+
+    fn feed_held(&mut self, end: bool) -> Bytes {
         if !self.sse {
             if !end {
                 return Bytes::new();
@@ -705,8 +728,8 @@ mod tests {
         let mut r = rewriter(false);
         let body = list_result().to_string();
         let (a, b) = body.as_bytes().split_at(10);
-        assert!(r.feed(a, false).is_empty());
-        let out: Value = serde_json::from_slice(&r.feed(b, true)).unwrap();
+        assert!(r.feed(a, false).unwrap().is_empty());
+        let out: Value = serde_json::from_slice(&r.feed(b, true).unwrap()).unwrap();
         assert_eq!(out["result"]["tools"], json!([{"name": "read_file"}]));
         assert_eq!(out["result"]["nextCursor"], "c2");
         assert_eq!(r.removed, 1);
@@ -721,9 +744,9 @@ mod tests {
         let stream = format!("{progress}{list}");
         let mut out = Vec::new();
         for chunk in stream.as_bytes().chunks(7) {
-            out.extend_from_slice(&r.feed(chunk, false));
+            out.extend_from_slice(&r.feed(chunk, false).unwrap());
         }
-        out.extend_from_slice(&r.feed(b"", true));
+        out.extend_from_slice(&r.feed(b"", true).unwrap());
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with(progress), "{text}");
         assert!(text.contains("id: 9\n"));

@@ -1299,8 +1299,13 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<Option<Duration>> {
         if let Some(rw) = ctx.mcp_rewriter.as_mut() {
             let chunk = body.take().unwrap_or_default();
-            let out = rw.feed(&chunk, end_of_stream);
-            *body = (!out.is_empty()).then_some(out);
+            match rw.feed(&chunk, end_of_stream) {
+                Ok(out) => *body = (!out.is_empty()).then_some(out),
+                Err(why) => {
+                    log::warn!("request {}: {why}; answer cut", ctx.request_id);
+                    return Err(Error::explain(UNREADABLE, why));
+                }
+            }
         }
         Ok(None)
     }
