@@ -759,3 +759,88 @@ fn nesting_past_the_depth_rule_is_one_clear_400_even_for_a_task() {
     assert_eq!(received(&mock), 0);
     still_serves(&gw);
 }
+
+/// Slowloris: connections that never finish their headers, from one
+/// address, take at most that address's share; everyone else is served.
+#[test]
+fn connections_that_never_finish_their_headers_take_only_their_clients_share() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    // 300 half-sent headers from 127.0.0.2 (the share is 256), held open.
+    let script = format!(
+        r#"
+import socket, sys, time
+held, refused = [], 0
+for i in range(300):
+    s = socket.socket()
+    s.bind(("127.0.0.2", 0))
+    s.connect(("127.0.0.1", {port}))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    held.append(s)
+time.sleep(1.0)
+for s in held:
+    s.setblocking(False)
+    try:
+        if s.recv(4096).startswith(b"HTTP/1.1 503"):
+            refused += 1
+    except BlockingIOError:
+        pass
+print(refused, flush=True)
+sys.stdin.read()
+"#,
+        port = gw.addr.port()
+    );
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(
+        line.trim(),
+        "44",
+        "300 held, 256 admitted: the rest answered 503"
+    );
+    // Meanwhile another client is served, and health answers.
+    still_serves(&gw);
+    assert_eq!(curl(&[&gw.admin_url("/health")]).status, 200);
+    drop(child.stdin.take());
+    let _ = child.wait();
+    still_serves(&gw);
+}
+
+/// A header trickled a byte at a time never finishes: the deadline ends it.
+#[test]
+fn a_request_header_must_arrive_whole_within_the_deadline() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    // One byte a second, each before Pingora's per-read timeout would end it.
+    for b in b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+        if s.write_all(&[*b]).is_err() {
+            break;
+        }
+        let mut buf = [0u8; 1024];
+        if let Ok(n) = s.read(&mut buf) {
+            answer.extend_from_slice(&buf[..n]);
+            if n == 0 || !answer.is_empty() {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(800));
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
+    assert!(started.elapsed() < Duration::from_secs(40));
+    still_serves(&gw);
+}

@@ -6,6 +6,7 @@
 
 mod access_log;
 mod config;
+mod connections;
 mod error;
 mod metrics;
 mod mock;

@@ -85,7 +85,7 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
-    let mut proxy = pingora_proxy::http_proxy_service_with_name(
+    let app = pingora_proxy::http_proxy(
         &server.configuration,
         Gateway::new(
             config.clone(),
@@ -95,7 +95,15 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
             breakers.clone(),
             access_log,
         ),
-        "loopgate proxy",
+    );
+    let nofile = crate::connections::nofile();
+    let mut proxy = Service::new(
+        "loopgate proxy".to_string(),
+        crate::connections::Limited::new(
+            app,
+            crate::connections::PER_CLIENT,
+            crate::connections::total_for(nofile),
+        ),
     );
     // No L4 read buffer on agent connections. Pingora's default is a
     // zero-filled 64 KiB buffer per connection, and it saves nothing here:
