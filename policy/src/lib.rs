@@ -32,6 +32,7 @@ pub mod clock;
 pub mod conformance;
 pub mod decision;
 pub mod endpoint;
+pub mod json;
 pub mod keys;
 pub mod mcp;
 pub mod pattern;

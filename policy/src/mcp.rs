@@ -7,6 +7,7 @@
 //! methods, malformed messages, a batch with any refused element.
 
 use crate::decision::{clip, Deny, DenyCode};
+use crate::json::JsonError;
 use crate::pattern::PatternList;
 use serde_json::{json, Map, Value};
 
@@ -115,9 +116,12 @@ const NOTIFICATIONS: &[&str] = &[
 /// Judges a client POST body: every message must be allowed, or the first
 /// refusal is returned (a batch is all or nothing).
 pub fn judge(grant: &McpGrant, body: &[u8]) -> Result<Judgement, Refused> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| Refused {
-        id: Value::Null,
-        deny: Deny::new(DenyCode::InvalidJson, format!("body is not JSON: {e}")).never_retryable(),
+    let value = crate::json::parse(body).map_err(|e| {
+        let message = match e {
+            JsonError::Syntax(e) => format!("body is not JSON: {e}"),
+            other => other.to_string(),
+        };
+        refuse(Value::Null, DenyCode::InvalidJson, message)
     })?;
     let (items, batch) = match value {
         Value::Array(items) if items.is_empty() => {
@@ -439,6 +443,53 @@ mod tests {
         );
         assert!(judge(&g, b"[]").is_err());
         assert!(judge(&g, br#"{"jsonrpc":"2.0","method":"notifications/evil"}"#).is_err());
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_wherever_they_are() {
+        let g = grant(&["read_file"]);
+        let cases = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"delete_file","name":"read_file"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call","params":{"name":"read_file"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"},"params":{"name":"read_file"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}"#,
+            r#"{"jsonrpc":"1.0","jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///secret/k","uri":"file:///public/a"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"p":"/etc"},"arguments":{"p":"/tmp"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"a":[{"b":{"c":1,"c":2}}]}}}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping","method":"ping"}]"#,
+        ];
+        for c in cases {
+            let err = judge(&g, c.as_bytes()).unwrap_err();
+            assert_eq!(err.deny.code, DenyCode::InvalidJson, "{c}");
+            assert_eq!(err.id, Value::Null, "{c}");
+            assert!(
+                err.deny.message.contains("duplicate key `"),
+                "{}",
+                err.deny.message
+            );
+        }
+        let err = judge(&g, cases[0].as_bytes()).unwrap_err();
+        assert!(err.deny.message.contains("`name`"), "{}", err.deny.message);
+    }
+
+    #[test]
+    fn too_deep_bodies_are_invalid_json() {
+        let g = grant(&["read_file"]);
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"read_file","arguments":{{"a":{}1{}}}}}}}"#,
+            "[".repeat(100),
+            "]".repeat(100)
+        );
+        let err = judge(&g, deep.as_bytes()).unwrap_err();
+        assert_eq!(err.deny.code, DenyCode::InvalidJson);
+        assert!(
+            err.deny.message.contains("deeper than 64"),
+            "{}",
+            err.deny.message
+        );
+        let err = judge(&g, "[".repeat(100_000).as_bytes()).unwrap_err();
+        assert_eq!(err.deny.code, DenyCode::InvalidJson);
     }
 
     #[test]
