@@ -40,6 +40,7 @@ pub mod phrases;
 pub mod rewrite;
 pub mod rules;
 pub mod store;
+pub mod uri;
 pub mod usage;
 pub mod watchdog;
 

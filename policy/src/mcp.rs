@@ -9,6 +9,9 @@
 use crate::decision::{clip, Deny, DenyCode};
 use crate::json::JsonError;
 use crate::pattern::PatternList;
+#[cfg(doc)]
+use crate::uri::ResourcePattern;
+use crate::uri::{ResourceMatcher, ResourceUri};
 use serde_json::{json, Map, Value};
 
 /// What one agent may use on one MCP server.
@@ -49,13 +52,31 @@ pub struct ListFilter {
 }
 
 impl McpGrant {
-    /// The one rule: may the agent see and use `name` of `kind`?
+    /// The one rule: may the agent see and use `name` of `kind`? Tools and
+    /// prompts match [`PatternList`] names; resources match by
+    /// [`ResourceMatcher`]: canonical URIs, prefixes by whole path segments,
+    /// and an ambiguous URI (see [`ResourceUri::parse`]) is never allowed.
     pub fn allows(&self, kind: Kind, name: &str) -> bool {
         match kind {
             Kind::Tool => self.tools.allows(name),
             Kind::Prompt => self.prompts.allows(name),
-            Kind::Resource => self.resources.allows(name),
+            Kind::Resource => self.resource_matcher().check(name).unwrap_or(false),
         }
+    }
+
+    /// The resource entries read as [`ResourcePattern`]s; an entry that is
+    /// not one (`file:///public*`) admits nothing. Validate entries at
+    /// grant build time with [`McpGrant::validate`].
+    pub fn resource_matcher(&self) -> ResourceMatcher {
+        ResourceMatcher::lenient(&self.resources)
+    }
+
+    /// Refuses a grant with a resource entry that is not a valid
+    /// [`ResourcePattern`]: the entry's index and why. Call it where grants
+    /// are built (config load), so a typo fails loudly instead of admitting
+    /// nothing.
+    pub fn validate(&self) -> Result<(), (usize, String)> {
+        ResourceMatcher::parse(&self.resources).map(|_| ())
     }
 
     /// Removes from a `*/list` result every item [`McpGrant::allows`]
@@ -71,11 +92,16 @@ impl McpGrant {
             return 0;
         };
         let before = items.len();
+        // Read the resource entries once, not per item.
+        let resources = (f.kind == Kind::Resource).then(|| self.resource_matcher());
         items.retain(|item| {
             names
                 .iter()
                 .find_map(|n| item.get(*n).and_then(Value::as_str))
-                .is_some_and(|name| self.allows(f.kind, name))
+                .is_some_and(|name| match &resources {
+                    Some(m) => m.check(name).unwrap_or(false),
+                    None => self.allows(f.kind, name),
+                })
         });
         before - items.len()
     }
@@ -304,7 +330,22 @@ fn check_named(
             format!("the request names no {what}"),
         ));
     };
-    if grant.allows(kind, &name) {
+    let allowed = if kind == Kind::Resource {
+        let uri = ResourceUri::parse(&name).map_err(|e| {
+            refuse(
+                id.clone(),
+                DenyCode::InvalidPath,
+                format!(
+                    "resource `{}` is refused as ambiguous: {e}",
+                    clip(&name, 200)
+                ),
+            )
+        })?;
+        grant.resource_matcher().allows(&uri)
+    } else {
+        grant.allows(kind, &name)
+    };
+    if allowed {
         Ok(())
     } else {
         let code = if kind == Kind::Tool {
@@ -492,6 +533,114 @@ mod tests {
         assert_eq!(err.deny.code, DenyCode::InvalidJson);
     }
 
+    fn read(g: &McpGrant, method: &str, uri: &str) -> Result<Judgement, Refused> {
+        let params = match method {
+            "completion/complete" => json!({
+                "ref": {"type": "ref/resource", "uri": uri},
+                "argument": {"name": "n", "value": "v"}
+            }),
+            _ => json!({ "uri": uri }),
+        };
+        judge(g, &msg(method, params))
+    }
+
+    const RESOURCE_METHODS: [&str; 4] = [
+        "resources/read",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "completion/complete",
+    ];
+
+    #[test]
+    fn resource_escapes_are_refused_as_invalid_paths() {
+        let g = grant(&[]);
+        for method in RESOURCE_METHODS {
+            for uri in [
+                "file:///public/../secret/k",
+                "file:///public/%2e%2e/secret/k",
+                "file:///public/%2E%2E/secret/k",
+                "file:///public/..%2fsecret/k",
+                "file:///public/%2e%2e%2fsecret/k",
+                "file:///public/./../../secret/k",
+                "file:///public/..\\secret/k",
+                "file:///public/..%5csecret/k",
+                "file:///public/..;/secret/k",
+                "file:///public/%2e%2e%3b/secret/k",
+                "file:///public/%252e%252e/secret/k",
+                "file:///public//a",
+                "file:///public/a%00",
+                "file:///public/a%zz",
+                "/public/a",
+            ] {
+                let err = read(&g, method, uri).unwrap_err();
+                assert_eq!(err.deny.code, DenyCode::InvalidPath, "{method} {uri}");
+                assert_eq!(err.id, json!(7));
+                assert!(
+                    err.deny.message.contains("refused as ambiguous: "),
+                    "{}",
+                    err.deny.message
+                );
+            }
+            for uri in ["file:///public-x/a", "file:///public", "file:///secret/k"] {
+                let err = read(&g, method, uri).unwrap_err();
+                assert_eq!(err.deny.code, DenyCode::PathNotAllowed, "{method} {uri}");
+            }
+            for uri in [
+                "file:///public/a",
+                "FILE:///public/a",
+                "file:///public/a/b",
+                "file:///public/a/",
+                "file:///public/%61",
+            ] {
+                assert!(read(&g, method, uri).is_ok(), "{method} {uri}");
+            }
+        }
+        assert!(g.allows(Kind::Resource, "file:///public/a"));
+        assert!(!g.allows(Kind::Resource, "file:///public/../a"));
+        assert!(!g.allows(Kind::Resource, "file:///public-x/a"));
+    }
+
+    #[test]
+    fn string_prefix_resource_entries_admit_nothing() {
+        let g = McpGrant {
+            tools: PatternList::default(),
+            prompts: PatternList::default(),
+            resources: PatternList::parse(&["file:///public*", "ui://*"]).unwrap(),
+        };
+        assert_eq!(g.validate().unwrap_err().0, 0);
+        assert!(!g.allows(Kind::Resource, "file:///public-x/a"));
+        assert!(!g.allows(Kind::Resource, "file:///public/a"));
+        assert!(g.allows(Kind::Resource, "ui://w/a"));
+        assert!(grant(&[]).validate().is_ok());
+    }
+
+    #[test]
+    fn resource_lists_and_template_lists_follow_the_same_rule() {
+        let g = grant(&[]);
+        let mut result = json!({"resources": [
+            {"uri": "file:///public/a"}, {"uri": "file:///public/../secret"},
+            {"uri": "file:///public-x/a"}, {"uri": "FILE:///public/b"}, {"name": "no uri"},
+        ]});
+        let f = ListFilter {
+            id: json!(1),
+            kind: Kind::Resource,
+            templates: false,
+        };
+        assert_eq!(g.filter_list(&f, &mut result), 3);
+        assert_eq!(
+            result["resources"],
+            json!([{"uri": "file:///public/a"}, {"uri": "FILE:///public/b"}])
+        );
+        let mut result = json!({"resourceTemplates": [
+            {"uriTemplate": "file:///public/{path}"}, {"uriTemplate": "file:///{path}"},
+        ]});
+        let f = ListFilter {
+            templates: true,
+            ..f
+        };
+        assert_eq!(g.filter_list(&f, &mut result), 1);
+    }
+
     #[test]
     fn error_responses_carry_the_code() {
         let d = Deny::new(DenyCode::ToolNotAllowed, "no").never_retryable();
@@ -529,6 +678,32 @@ mod tests {
                 prop_assert_eq!(call, listed.contains(&t.as_str()), "tool {}", t);
             }
             prop_assert_eq!(result.get("nextCursor").and_then(Value::as_str), cursor.as_deref());
+        }
+
+        /// The same for resources: a URI is listed exactly when reading it
+        /// is allowed, whatever its (possibly hostile) spelling.
+        #[test]
+        fn resource_listing_and_reading_never_disagree(
+            patterns in proptest::collection::vec(prop_oneof![
+                Just("file:///public/*"), Just("file:///public*"), Just("file:///a/b"),
+                Just("file:*"), Just("*"), Just("FILE:///A/*"),
+            ], 0..3),
+            uris in proptest::collection::vec(
+                "(file|FILE|x):///?(public|public-x|a|A|\\.\\.|%2e|%2f|%2E%2e|b|%61|%252e)?(/(public|a|b|\\.\\.|%2e%2e|%5c|;|)){0,3}/?",
+                0..10,
+            ),
+        ) {
+            let Ok(list) = PatternList::parse(&patterns) else { return Ok(()); };
+            let g = McpGrant { tools: PatternList::default(), prompts: PatternList::default(), resources: list };
+            let mut result = json!({"resources": uris.iter().map(|u| json!({"uri": u})).collect::<Vec<_>>()});
+            let f = ListFilter { id: json!(1), kind: Kind::Resource, templates: false };
+            g.filter_list(&f, &mut result);
+            let listed: Vec<&str> = result["resources"].as_array().unwrap().iter().map(|t| t["uri"].as_str().unwrap()).collect();
+            for u in &uris {
+                let read = judge(&g, &msg("resources/read", json!({"uri": u}))).is_ok();
+                prop_assert_eq!(read, listed.contains(&u.as_str()), "uri {}", u);
+                prop_assert_eq!(read, g.allows(Kind::Resource, u), "uri {}", u);
+            }
         }
     }
 }
