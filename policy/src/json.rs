@@ -350,6 +350,16 @@ mod tests {
         assert!(check_depth(format!(r#"["\\\"{brackets}"]"#).as_bytes()).is_ok());
         // `\\` ends the escape: the quote after it closes the string.
         assert!(check_depth(format!(r#"["\\"{brackets}]"#).as_bytes()).is_err());
+        // At the limit, with brackets and escaped quotes inside strings:
+        // both rules pass it, one more level and both refuse.
+        let at = |d: usize| format!("{}\"]]\\\"[[\"{}", "[".repeat(d), "]".repeat(d));
+        assert!(check_depth(at(MAX_DEPTH).as_bytes()).is_ok());
+        assert!(parse(at(MAX_DEPTH).as_bytes()).is_ok());
+        assert!(check_depth(at(MAX_DEPTH + 1).as_bytes()).is_err());
+        assert!(matches!(
+            parse(at(MAX_DEPTH + 1).as_bytes()),
+            Err(JsonError::TooDeep { .. })
+        ));
         // Unterminated strings and lone backslashes end the scan safely.
         assert!(check_depth(b"[\"abc\\").is_ok());
         assert!(check_depth(b"\"").is_ok());
@@ -407,6 +417,13 @@ mod tests {
             check_json_ish(s.as_bytes())?;
         }
 
+        /// Deep bracket soup with strings and escapes: the same, and the
+        /// scan agrees with the parser's depth rule.
+        #[test]
+        fn the_scan_and_the_parser_agree_on_depth(s in "(\\[|\\{\"a\":|\"\\\\\"\\[\"|1,|\\]|\\}){60,90}") {
+            check_json_ish(s.as_bytes())?;
+        }
+
         /// On arbitrary bytes: the same.
         #[test]
         fn never_panics_on_bytes(b in proptest::collection::vec(any::<u8>(), 0..64)) {
@@ -416,8 +433,14 @@ mod tests {
 
     fn check_json_ish(b: &[u8]) -> Result<(), TestCaseError> {
         let theirs = serde_json::from_slice::<Value>(b);
-        let _ = check_depth(b);
-        match parse(b) {
+        let scan = check_depth(b);
+        let ours = parse(b);
+        // The scan never passes what takes the parser too deep.
+        if scan.is_ok() {
+            let too_deep = matches!(ours, Err(JsonError::TooDeep { .. }));
+            prop_assert!(!too_deep, "the scan passed what the parser found too deep");
+        }
+        match ours {
             Ok(v) => prop_assert_eq!(Some(v), theirs.ok()),
             Err(JsonError::Syntax(_)) => prop_assert!(theirs.is_err()),
             Err(_) => {}
