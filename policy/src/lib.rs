@@ -32,6 +32,7 @@ pub mod clock;
 pub mod conformance;
 pub mod decision;
 pub mod endpoint;
+pub mod json;
 pub mod keys;
 pub mod mcp;
 pub mod normalize;
@@ -40,6 +41,7 @@ pub mod phrases;
 pub mod rewrite;
 pub mod rules;
 pub mod store;
+pub mod uri;
 pub mod usage;
 pub mod watchdog;
 
