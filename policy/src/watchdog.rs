@@ -3,18 +3,14 @@
 //! task budget used. Green passes; yellow passes with a warning; red applies
 //! the configured action (degrade to a cheaper model, or stop the task).
 
+use crate::bounded::BoundedMap;
 use crate::store::StoreError;
-use std::collections::VecDeque;
-// ahash, not SipHash: these maps are looked up on every request, and keys
-// agents influence (task ids) still get a randomly keyed, DoS-resistant hash.
-type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
-use std::sync::Mutex;
 use std::time::Duration;
 
 const ALPHA: f64 = 0.3;
-const MINUTE: Duration = Duration::from_secs(60);
-/// Most tasks watched at once; idle ones go first.
-const MAX_TASKS: usize = 100_000;
+/// Most tasks watched at once, by default; the least recently seen go
+/// first.
+pub const MAX_TASKS: usize = 100_000;
 
 /// Limits for one level; any one reached puts the task at that level.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -59,18 +55,93 @@ pub struct Reading {
     pub reason: Option<String>,
 }
 
+/// Seconds a call counts for, besides the one it was made in.
+const WINDOW_SECS: u64 = 60;
+const SLOTS: usize = WINDOW_SECS as usize + 1;
+
+/// Calls in the last minute, to the second: one counter per whole second
+/// of the injected clock, for the current second and the 60 before it, so
+/// a task's window is fixed in size (136 bytes) however fast it calls. A
+/// call counts for more than 60 s and at most 61 s: never less than an
+/// exact sliding minute (fail closed), at most one second more. A counter
+/// saturates at 65,535 calls in one second.
+#[derive(Debug, Clone)]
+struct Window {
+    counts: [u16; SLOTS],
+    /// The latest second counted.
+    head: u64,
+    /// The sum of `counts`.
+    total: u32,
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window {
+            counts: [0; SLOTS],
+            head: 0,
+            total: 0,
+        }
+    }
+}
+
+impl Window {
+    /// Counts a call at `now`; returns the calls in the window.
+    fn add(&mut self, now: Duration) -> u32 {
+        let s = now.as_secs();
+        if s > self.head {
+            if s - self.head >= SLOTS as u64 {
+                *self = Window::default();
+            } else {
+                // The seconds now entering the window reuse the slots of
+                // those leaving it.
+                for x in self.head + 1..=s {
+                    let slot = &mut self.counts[(x % SLOTS as u64) as usize];
+                    self.total -= u32::from(*slot);
+                    *slot = 0;
+                }
+            }
+            self.head = s;
+        }
+        // A clock that went back counts in the latest second.
+        let slot = &mut self.counts[(self.head % SLOTS as u64) as usize];
+        if *slot < u16::MAX {
+            *slot += 1;
+            self.total += 1;
+        }
+        self.total
+    }
+}
+
+/// One watched task: 200 bytes (the test `per_task_memory_is_bounded`
+/// prints it); with the map's own share (the key's bytes plus about 64,
+/// see [`crate::bounded`]) about 300 bytes a task, some 30 MB at the
+/// default 100,000 tasks.
 #[derive(Debug, Default)]
 struct Task {
-    calls: VecDeque<Duration>,
+    calls: Window,
     steps: u64,
     ema_ms: Option<f64>,
     budget_used: Option<f64>,
     last_seen: Duration,
 }
 
-#[derive(Debug, Default)]
+/// Per-task state, bounded: at most `capacity` tasks (default
+/// [`MAX_TASKS`]), the least recently called pushed out first, tasks idle
+/// past the config's `idle_ttl` dropped lazily. O(1) per call, sharded so
+/// tasks mostly do not wait for each other.
+#[derive(Debug)]
 pub struct Watchdog {
-    tasks: Mutex<HashMap<String, Task>>,
+    tasks: BoundedMap<Task>,
+}
+
+impl Default for Watchdog {
+    fn default() -> Self {
+        Watchdog::with_capacity(MAX_TASKS)
+    }
+}
+
+fn poisoned() -> StoreError {
+    StoreError("watchdog state poisoned".into())
 }
 
 fn reached(
@@ -108,6 +179,23 @@ impl Watchdog {
         Watchdog::default()
     }
 
+    /// A watchdog of at most `capacity` tasks (at least 1).
+    pub fn with_capacity(capacity: usize) -> Watchdog {
+        Watchdog {
+            tasks: BoundedMap::new(capacity),
+        }
+    }
+
+    /// Tasks watched now (each shard locked in turn: not for the request
+    /// path).
+    pub fn len(&self) -> Result<usize, StoreError> {
+        self.tasks.len().map_err(|_| poisoned())
+    }
+
+    pub fn is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self.len()? == 0)
+    }
+
     /// Counts one call of task `key` at `now` and judges it. `Err`: the
     /// state could not be read (the caller denies).
     pub fn call(
@@ -116,33 +204,16 @@ impl Watchdog {
         cfg: &WatchdogConfig,
         now: Duration,
     ) -> Result<Reading, StoreError> {
-        let mut tasks = self
-            .tasks
-            .lock()
-            .map_err(|_| StoreError("watchdog state poisoned".into()))?;
-        if tasks.len() >= MAX_TASKS && !tasks.contains_key(key) {
-            tasks.retain(|_, t| now.saturating_sub(t.last_seen) < cfg.idle_ttl);
-            if tasks.len() >= MAX_TASKS {
-                if let Some(k) = tasks
-                    .iter()
-                    .min_by_key(|(_, t)| t.last_seen)
-                    .map(|(k, _)| k.clone())
-                {
-                    tasks.remove(&k);
-                }
-            }
-        }
-        let t = tasks.entry(key.to_string()).or_default();
-        if t.steps > 0 && now.saturating_sub(t.last_seen) >= cfg.idle_ttl {
+        let mut tasks = self.tasks.shard(key).map_err(|_| poisoned())?;
+        let idle = |t: &Task| now.saturating_sub(t.last_seen) >= cfg.idle_ttl;
+        tasks.expire(idle);
+        let t = tasks.touch(key, Task::default);
+        if t.steps > 0 && idle(t) {
             *t = Task::default();
         }
         t.last_seen = now;
-        while t.calls.front().is_some_and(|c| *c + MINUTE <= now) {
-            t.calls.pop_front();
-        }
-        t.calls.push_back(now);
+        let calls = t.calls.add(now);
         t.steps += 1;
-        let calls = t.calls.len() as u32;
         let (red, yellow) = (
             reached(&cfg.red, calls, t.steps, t.ema_ms, t.budget_used),
             reached(&cfg.yellow, calls, t.steps, t.ema_ms, t.budget_used),
@@ -164,8 +235,8 @@ impl Watchdog {
 
     /// Records a finished call's latency into the task's EMA.
     pub fn latency(&self, key: &str, latency: Duration) {
-        if let Ok(mut tasks) = self.tasks.lock() {
-            if let Some(t) = tasks.get_mut(key) {
+        if let Ok(mut tasks) = self.tasks.shard(key) {
+            if let Some(t) = tasks.peek_mut(key) {
                 let ms = latency.as_secs_f64() * 1000.0;
                 t.ema_ms = Some(t.ema_ms.map_or(ms, |e| e + ALPHA * (ms - e)));
             }
@@ -174,8 +245,8 @@ impl Watchdog {
 
     /// Records the share of the task budget used, as of the last admission.
     pub fn budget_used(&self, key: &str, used: f64) {
-        if let Ok(mut tasks) = self.tasks.lock() {
-            if let Some(t) = tasks.get_mut(key) {
+        if let Ok(mut tasks) = self.tasks.shard(key) {
+            if let Some(t) = tasks.peek_mut(key) {
                 t.budget_used = Some(used);
             }
         }
@@ -185,6 +256,7 @@ impl Watchdog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     const S: Duration = Duration::from_secs(1);
 
@@ -252,5 +324,212 @@ mod tests {
         let r = w.call("u", &cfg(), 200 * S).unwrap();
         assert_eq!(r.level, Level::Red);
         assert_eq!(r.reason.as_deref(), Some("budget used 95% >= 90%"));
+    }
+
+    #[test]
+    fn a_call_counts_for_more_than_60_and_at_most_61_seconds() {
+        let ms = Duration::from_millis;
+        let cfg = WatchdogConfig {
+            yellow: Thresholds::default(),
+            red: Thresholds::default(),
+            ..cfg()
+        };
+        let w = Watchdog::new();
+        let calls = |at| w.call("t", &cfg, at).unwrap().calls_last_minute;
+        assert_eq!(calls(ms(1_500)), 1);
+        assert_eq!(calls(ms(1_700)), 2);
+        assert_eq!(calls(ms(30_000)), 3);
+        assert_eq!(calls(ms(61_499)), 4, "within the exact minute");
+        assert_eq!(calls(ms(61_999)), 5, "past the exact minute, same second");
+        assert_eq!(calls(ms(62_000)), 4, "the calls of second 1 age out");
+        // Second 30's call is 60 s back at 90 s: it still counts (30, 61, 61,
+        // 62 and this one) ...
+        assert_eq!(calls(ms(90_000)), 5, "second 30's call is in 60 s back");
+        // ... and is gone one second later (61, 61, 62, 90 and this one).
+        assert_eq!(calls(ms(91_000)), 5, "and gone one second later");
+        assert_eq!(calls(ms(500_000)), 1, "a long gap clears the window");
+        // A clock that goes back counts in the latest second.
+        assert_eq!(calls(ms(499_000)), 2);
+        // Many calls in one second: the window does not grow.
+        for _ in 0..10_000 {
+            calls(ms(500_500));
+        }
+        assert_eq!(calls(ms(501_000)), 10_003);
+    }
+
+    /// The tasks of a small watchdog (one shard), least recent first.
+    fn tasks(w: &Watchdog) -> Vec<String> {
+        w.tasks
+            .shard("")
+            .unwrap()
+            .iter_lru_first()
+            .map(|(k, _)| k.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_full_watchdog_forgets_the_least_recently_called_task() {
+        let w = Watchdog::with_capacity(3);
+        for (i, k) in ["a", "b", "c", "a"].iter().enumerate() {
+            w.call(k, &cfg(), S * i as u32).unwrap();
+        }
+        // Latency and budget reports do not make a task recent.
+        w.latency("b", Duration::from_millis(10));
+        w.budget_used("b", 0.1);
+        assert_eq!(tasks(&w), ["b", "c", "a"]);
+        w.call("d", &cfg(), 10 * S).unwrap();
+        assert_eq!(tasks(&w), ["c", "a", "d"]);
+        // b starts over; a kept its count.
+        assert_eq!(w.call("b", &cfg(), 11 * S).unwrap().steps, 1);
+        assert_eq!(w.call("a", &cfg(), 12 * S).unwrap().steps, 3);
+        assert_eq!(tasks(&w), ["d", "b", "a"]);
+        assert_eq!(w.len().unwrap(), 3);
+    }
+
+    #[test]
+    fn idle_tasks_go_lazily_from_the_least_recent_end() {
+        let cfg = WatchdogConfig {
+            idle_ttl: 100 * S,
+            ..cfg()
+        };
+        let w = Watchdog::with_capacity(1000);
+        for i in 0..20u32 {
+            w.call(&format!("old-{i}"), &cfg, S).unwrap();
+        }
+        w.call("recent", &cfg, 50 * S).unwrap();
+        // Each call drops at most EXPIRE_PER_CALL idle tasks.
+        w.call("new-0", &cfg, 101 * S).unwrap();
+        assert_eq!(w.len().unwrap(), 21 - crate::bounded::EXPIRE_PER_CALL + 1);
+        w.call("new-1", &cfg, 101 * S).unwrap();
+        w.call("new-2", &cfg, 101 * S).unwrap();
+        assert_eq!(tasks(&w), ["recent", "new-0", "new-1", "new-2"]);
+        // An idle task that was not dropped yet starts over when called.
+        let w = Watchdog::with_capacity(10);
+        w.call("t", &cfg, S).unwrap();
+        w.call("u", &cfg, 50 * S).unwrap();
+        assert_eq!(w.call("u", &cfg, 200 * S).unwrap().steps, 1);
+    }
+
+    #[test]
+    fn a_million_task_ids_never_exceed_the_capacity() {
+        let w = Watchdog::new();
+        let t0 = Instant::now();
+        for i in 0..1_000_000u32 {
+            w.call(&format!("agent/task-{i}"), &cfg(), S).unwrap();
+            if i % 100_000 == 0 {
+                assert!(w.len().unwrap() <= MAX_TASKS);
+            }
+        }
+        println!("watchdog: 1,000,000 task ids in {:?}", t0.elapsed());
+        assert_eq!(w.len().unwrap(), MAX_TASKS);
+        assert_eq!(
+            w.call("agent/task-999999", &cfg(), S).unwrap().steps,
+            2,
+            "the newest tasks are kept"
+        );
+    }
+
+    #[test]
+    fn new_tasks_into_a_full_watchdog_cost_no_scan() {
+        let w = Watchdog::new();
+        for i in 0..MAX_TASKS {
+            w.call(&format!("agent/fill-{i}"), &cfg(), S).unwrap();
+        }
+        let keys: Vec<String> = (0..200_000).map(|i| format!("agent/new-{i}")).collect();
+        let t0 = Instant::now();
+        for k in &keys {
+            w.call(k, &cfg(), 2 * S).unwrap();
+        }
+        let took = t0.elapsed();
+        println!(
+            "watchdog: 200,000 new tasks into 100,000 busy ones in {took:?} ({} ns each, debug build)",
+            took.as_nanos() / 200_000
+        );
+        assert_eq!(w.len().unwrap(), MAX_TASKS);
+    }
+
+    #[test]
+    fn per_task_memory_is_bounded() {
+        let (task, window) = (std::mem::size_of::<Task>(), std::mem::size_of::<Window>());
+        println!("watchdog: Task {task} bytes, of which the calls window {window}");
+        assert!(task <= 200, "Task grew to {task} bytes: update the doc");
+        assert!(
+            window <= 136,
+            "Window grew to {window} bytes: update the doc"
+        );
+    }
+
+    #[test]
+    fn a_poisoned_shard_is_an_error_not_a_panic() {
+        let w = std::sync::Arc::new(Watchdog::new());
+        w.call("t", &cfg(), S).unwrap();
+        let w2 = w.clone();
+        let _ = std::thread::spawn(move || {
+            let _held = w2.tasks.shard("t").unwrap();
+            panic!("poison the shard");
+        })
+        .join();
+        assert_eq!(
+            w.call("t", &cfg(), S),
+            Err(StoreError("watchdog state poisoned".into()))
+        );
+        w.latency("t", S);
+        w.budget_used("t", 0.5);
+        assert!(w.len().is_err());
+    }
+
+    #[test]
+    fn tasks_on_many_threads_keep_their_own_counts() {
+        let w = Watchdog::new();
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let w = &w;
+                s.spawn(move || {
+                    for i in 0..1000u32 {
+                        let r = w.call(&format!("task-{t}"), &cfg(), S * i).unwrap();
+                        assert_eq!(r.steps, u64::from(i) + 1);
+                    }
+                });
+            }
+        });
+        assert_eq!(w.len().unwrap(), 4);
+    }
+}
+
+#[cfg(test)]
+mod measure {
+    use super::*;
+    use std::time::Instant;
+
+    /// ns per new task id into a watchdog already watching 100,000 busy
+    /// tasks. `NEW_TASKS` (default 200,000) sets how many new ids.
+    #[test]
+    #[ignore = "measurement; run with --ignored --nocapture"]
+    fn ns_per_new_task_at_100k_tasks() {
+        let s = Duration::from_secs(1);
+        let cfg = WatchdogConfig {
+            yellow: Thresholds::default(),
+            red: Thresholds::default(),
+            action: RedAction::Stop,
+            idle_ttl: 3600 * s,
+        };
+        let n: usize = std::env::var("NEW_TASKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200_000);
+        let w = Watchdog::new();
+        for i in 0..100_000 {
+            w.call(&format!("agent/fill-{i}"), &cfg, s).unwrap();
+        }
+        let keys: Vec<String> = (0..n).map(|i| format!("agent/new-{i}")).collect();
+        let t0 = Instant::now();
+        for k in &keys {
+            w.call(k, &cfg, 2 * s).unwrap();
+        }
+        let took = t0.elapsed();
+        println!(
+            "watchdog: {n} new tasks at 100k watched: {took:?}, {} ns per new task",
+            took.as_nanos() / n as u128
+        );
     }
 }
