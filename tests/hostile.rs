@@ -51,12 +51,20 @@ agents:
       weather: {{ methods: [GET], paths: ["/v1/forecast", "/v1/city/*"], max_body_bytes: 65536 }}
       orders: {{ methods: [GET, POST], paths: ["/orders*"], max_body_bytes: 65536 }}
     mcp_access:
-      files: {{ tools: [read_file] }}
+      files: {{ tools: [read_file], resources: ["file:///public/*"] }}
   bulk:
     key_sha256: "{bulk}"
     models: [gpt-4o-mini]
     max_in_flight: 2
     max_body_bytes: 1048576
+  limited:
+    key_sha256: "{limited}"
+    models: [gpt-4o-mini]
+    requests_per_minute: 2
+    tool_access:
+      weather: {{ methods: [GET], paths: ["/v1/forecast"] }}
+    mcp_access:
+      files: {{ tools: [read_file] }}
   scoped:
     key_sha256: "{narrow}"
     models: [gpt-4o-mini, "claude-3-5-haiku*"]
@@ -66,10 +74,12 @@ agents:
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
         bulk = sha256_hex(BULK_KEY.as_bytes()),
+        limited = sha256_hex(LIMITED_KEY.as_bytes()),
     )
 }
 
 const BULK_KEY: &str = "hostile-bulk-key-0005";
+const LIMITED_KEY: &str = "hostile-limited-key-0006";
 
 /// A response read off a raw socket.
 #[derive(Debug)]
@@ -85,6 +95,10 @@ impl Raw {
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
     }
 
     fn json(&self) -> Value {
@@ -109,9 +123,14 @@ impl Raw {
         assert!(v["error"]["request_id"].is_string());
     }
 
-    /// A JSON-RPC error from the gateway, with this Loopgate code.
+    /// A JSON-RPC error from the gateway, with this Loopgate code (a batch
+    /// refused whole answers with one error in an array).
     fn assert_rpc_error(&self, code: &str) {
-        let v = self.json();
+        let mut v = self.json();
+        if let Value::Array(a) = &mut v {
+            assert_eq!(a.len(), 1, "one error for a refused batch");
+            v = a.remove(0);
+        }
         assert_eq!(v["jsonrpc"], "2.0", "{v}");
         assert_eq!(v["error"]["data"]["loopgate_code"], code, "{v}");
     }
@@ -841,5 +860,176 @@ fn a_request_header_must_arrive_whole_within_the_deadline() {
     let text = String::from_utf8_lossy(&answer);
     assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
     assert!(started.elapsed() < Duration::from_secs(40));
+    still_serves(&gw);
+}
+
+/// One JSON-RPC POST to the `files` server as `tester`.
+fn mcp_post(gw: &Gateway, body: &str) -> Raw {
+    raw(gw.addr, &post_req("/mcp/files", "", body))
+}
+
+#[test]
+fn mcp_resource_grants_match_canonical_uris_by_segment() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let read = |uri: &str| {
+        json!({"jsonrpc": "2.0", "id": 7, "method": "resources/read", "params": {"uri": uri}})
+            .to_string()
+    };
+    // Ambiguous forms: refused as such, whatever they would resolve to.
+    for uri in [
+        "file:///public/../secret/k",
+        "file:///public/%2e%2e/secret/k",
+        "file:///public/%2E%2E/secret/k",
+        "file:///public/..%2fsecret/k",
+        "file:///public/./../../etc/passwd",
+        "file:///public\\..\\secret\\k",
+        "file:///public/%5c../secret",
+        "file:///public/%252e%252e/secret/k",
+        "file:///public/..;/secret/k",
+        "file:///public//secret",
+        "file:///public/a%00b",
+        "public/k",
+    ] {
+        let r = mcp_post(&gw, &read(uri));
+        assert_eq!(r.status, 200, "{uri}: {r:?}");
+        let v = r.json();
+        assert_eq!(v["id"], 7, "{uri}: {v}");
+        let code = v["error"]["data"]["loopgate_code"].as_str().unwrap_or("");
+        assert!(
+            code == "invalid_path" || code == "path_not_allowed",
+            "{uri}: {v}"
+        );
+    }
+    // Unambiguous but outside the grant: a string prefix is not a segment.
+    for uri in [
+        "file:///public-x/a",
+        "file:///publicity",
+        "file:///secret/k",
+        "file:///public",
+    ] {
+        mcp_post(&gw, &read(uri)).assert_rpc_error("path_not_allowed");
+    }
+    // Subscribing and completing are judged by the same rule.
+    let sub = json!({"jsonrpc": "2.0", "id": 8, "method": "resources/subscribe", "params": {"uri": "file:///public/../k"}});
+    mcp_post(&gw, &sub.to_string()).assert_rpc_error("invalid_path");
+    let complete = json!({"jsonrpc": "2.0", "id": 9, "method": "completion/complete",
+        "params": {"ref": {"type": "ref/resource", "uri": "file:///secret/{name}"}, "argument": {"name": "name", "value": "k"}}});
+    mcp_post(&gw, &complete.to_string()).assert_rpc_error("path_not_allowed");
+    assert_eq!(received(&mock), 0, "nothing reached the MCP server");
+    // A URI under the grant, in any spelling that reads one way, goes (the
+    // mock server answers it itself: no Loopgate code in its answer).
+    for uri in ["file:///public/a/b.txt", "FILE:///public/%61"] {
+        let r = mcp_post(&gw, &read(uri));
+        assert_eq!(r.status, 200, "{uri}: {r:?}");
+        assert!(
+            r.header("x-loopgate-error").is_none(),
+            "{uri}: {}",
+            r.text()
+        );
+        assert!(
+            r.json()["error"]["data"]["loopgate_code"].is_null(),
+            "{uri}: {}",
+            r.text()
+        );
+    }
+    assert_eq!(received(&mock), 2);
+    still_serves(&gw);
+}
+
+#[test]
+fn duplicated_json_rpc_keys_are_refused_wherever_they_are() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    for body in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"delete_file","name":"read_file"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","method":"tools/list","params":{"name":"read_file"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file"},"params":{"name":"delete_file"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/list"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a","path":"b"}}}"#,
+        r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read_file","name":"delete_file"}}]"#,
+    ] {
+        let r = mcp_post(&gw, body);
+        // Refusals of judged JSON-RPC are JSON-RPC errors on a 200.
+        assert_eq!(r.status, 200, "{body}: {r:?}");
+        r.assert_rpc_error("invalid_json");
+        assert!(r.text().contains("duplicate key"), "{body}: {}", r.text());
+    }
+    assert_eq!(received(&mock), 0);
+    still_serves(&gw);
+}
+
+#[test]
+fn mcp_batches_are_capped_and_ids_within_one_are_unique() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let batch = |n: usize| {
+        Value::Array(
+            (0..n)
+                .map(|i| json!({"jsonrpc": "2.0", "id": i, "method": "tools/list"}))
+                .collect(),
+        )
+        .to_string()
+    };
+    // 140,000 lists in one body (the review's 7.8 MB case would also pass
+    // the body limit; this one is refused by count, at once).
+    for n in [101, 140_000] {
+        let r = mcp_post(&gw, &batch(n));
+        assert!(r.status == 200 || r.status == 413, "{n}: {r:?}");
+        if r.status == 200 {
+            r.assert_rpc_error("invalid_request");
+        }
+    }
+    let dup = r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file"}}]"#;
+    let r = mcp_post(&gw, dup);
+    assert_eq!(r.status, 200, "{r:?}");
+    r.assert_rpc_error("invalid_request");
+    assert!(r.text().contains("duplicate id"), "{}", r.text());
+    assert_eq!(received(&mock), 0);
+    // At the cap, one batch goes, and every answer comes back filtered.
+    let r = mcp_post(&gw, &batch(100));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let answers = r.json();
+    assert_eq!(answers.as_array().map(Vec::len), Some(100), "{answers}");
+    for a in answers.as_array().unwrap() {
+        for t in a["result"]["tools"].as_array().unwrap() {
+            assert_eq!(t["name"], "read_file", "{a}");
+        }
+    }
+    still_serves(&gw);
+}
+
+#[test]
+fn calls_over_the_limits_are_refused_before_any_guard_keeps_state() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let as_limited = |path: &str, method: &str, task: &str, body: &str| {
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {LIMITED_KEY}\r\nContent-Type: application/json\r\nx-agent-task-id: {task}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        raw(gw.addr, req.as_bytes())
+    };
+    // The two calls a minute the agent has, then the same calls of the
+    // same task again and again: the limits refuse them (429). Were the
+    // loop guard first, it would count them and answer 409 from the third
+    // repeat on; a refused call must leave no task state behind.
+    assert_eq!(
+        as_limited("/v1/chat/completions", "POST", "a", CHAT).status,
+        200
+    );
+    assert_eq!(
+        as_limited("/tools/weather/v1/forecast", "GET", "a", "").status,
+        200
+    );
+    for _ in 0..30 {
+        let task = "a";
+        as_limited("/v1/chat/completions", "POST", task, CHAT).assert_error(429, "rate_limited");
+        as_limited("/tools/weather/v1/forecast", "GET", task, "").assert_error(429, "rate_limited");
+        let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "read_file"}}).to_string();
+        let r = as_limited("/mcp/files", "POST", task, &list);
+        r.assert_rpc_error("rate_limited");
+    }
+    assert_eq!(received(&mock), 2);
     still_serves(&gw);
 }

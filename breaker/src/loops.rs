@@ -17,13 +17,10 @@
 //! three, and the steps between them break the run.
 
 use crate::set::Unknown;
+use loopgate_bounded::BoundedMap;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
-// ahash, not SipHash: these maps are looked up on every request, and keys
-// agents influence (task ids) still get a randomly keyed, DoS-resistant hash.
-type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
-use std::sync::Mutex;
 use std::time::Duration;
 
 pub type Fingerprint = [u8; 32];
@@ -327,20 +324,46 @@ impl TaskState {
     }
 }
 
-/// Every task's loop state in this process, bounded: idle tasks are
-/// forgotten. (The gateway keeps task state in its state store; this is the
-/// same logic over a local map.)
-#[derive(Debug, Default)]
+/// Every task's loop state in this process, bounded: at most
+/// [`MAX_TASKS`] tasks, the least recently seen pushed out first and tasks
+/// idle past `idle_ttl` dropped lazily, O(1) per call. (The gateway keeps
+/// task state in its state store; this is the same logic over a local
+/// map.)
+#[derive(Debug)]
 pub struct LoopGuard {
-    tasks: Mutex<HashMap<String, TaskState>>,
+    tasks: BoundedMap<TaskState>,
 }
 
-/// Most tasks tracked at once; the least recently seen go first.
-const MAX_TASKS: usize = 100_000;
+/// Most tasks tracked at once by default; the least recently seen go
+/// first.
+pub const MAX_TASKS: usize = 100_000;
+
+impl Default for LoopGuard {
+    fn default() -> Self {
+        LoopGuard::with_capacity(MAX_TASKS)
+    }
+}
 
 impl LoopGuard {
     pub fn new() -> LoopGuard {
         LoopGuard::default()
+    }
+
+    /// A guard of at most `capacity` tasks (at least 1).
+    pub fn with_capacity(capacity: usize) -> LoopGuard {
+        LoopGuard {
+            tasks: BoundedMap::new(capacity),
+        }
+    }
+
+    /// Tasks tracked now (every shard locked in turn: not for the request
+    /// path).
+    pub fn len(&self) -> Result<usize, Unknown> {
+        self.tasks.len().map_err(|_| Unknown)
+    }
+
+    pub fn is_empty(&self) -> Result<bool, Unknown> {
+        Ok(self.len()? == 0)
     }
 
     /// Judges one request of task `key` with fingerprint `fp` at `now`.
@@ -352,20 +375,9 @@ impl LoopGuard {
         cfg: &LoopConfig,
         now: Duration,
     ) -> Result<LoopVerdict, Unknown> {
-        let mut tasks = self.tasks.lock().map_err(|_| Unknown)?;
-        if tasks.len() >= MAX_TASKS && !tasks.contains_key(key) {
-            tasks.retain(|_, t| now.saturating_sub(t.last_seen) < cfg.idle_ttl);
-            if tasks.len() >= MAX_TASKS {
-                if let Some(oldest) = tasks
-                    .iter()
-                    .min_by_key(|(_, t)| t.last_seen)
-                    .map(|(k, _)| k.clone())
-                {
-                    tasks.remove(&oldest);
-                }
-            }
-        }
-        Ok(tasks.entry(key.to_string()).or_default().step(fp, cfg, now))
+        let mut shard = self.tasks.shard(key).map_err(|_| Unknown)?;
+        shard.expire(|t| now.saturating_sub(t.last_seen) >= cfg.idle_ttl);
+        Ok(shard.touch(key, TaskState::default).step(fp, cfg, now))
     }
 }
 
@@ -538,6 +550,43 @@ mod tests {
     }
 
     #[test]
+    fn task_state_stays_within_its_capacity_in_constant_time_per_task() {
+        let g = LoopGuard::with_capacity(MAX_TASKS);
+        let cfg = LoopConfig::default();
+        let t0 = std::time::Instant::now();
+        for i in 0..(3 * MAX_TASKS) as u32 {
+            g.check(&format!("agent/task-{i}"), [1; 32], &cfg, S)
+                .unwrap();
+        }
+        // Printed, not judged: a full map costs no more per new task than an
+        // empty one (the old map scanned every task once full).
+        println!(
+            "loop guard: {} new tasks in {:?}",
+            3 * MAX_TASKS,
+            t0.elapsed()
+        );
+        assert_eq!(g.len().unwrap(), MAX_TASKS);
+        // The most recent task kept its ring: its second repeat is counted.
+        let last = format!("agent/task-{}", 3 * MAX_TASKS - 1);
+        g.check(&last, [1; 32], &cfg, S).unwrap();
+        assert!(matches!(
+            g.check(&last, [1; 32], &cfg, S).unwrap(),
+            LoopVerdict::Tripped(_)
+        ));
+    }
+
+    #[test]
+    fn idle_tasks_are_dropped_lazily() {
+        let g = LoopGuard::with_capacity(10);
+        let cfg = LoopConfig::default();
+        for i in 0..5 {
+            g.check(&format!("t{i}"), [1; 32], &cfg, S).unwrap();
+        }
+        g.check("late", [1; 32], &cfg, cfg.idle_ttl + S).unwrap();
+        assert_eq!(g.len().unwrap(), 1);
+    }
+
+    #[test]
     fn a_twelve_step_task_calling_one_tool_twice_is_not_a_loop() {
         let g = LoopGuard::new();
         let cfg = LoopConfig::default();
@@ -654,11 +703,17 @@ mod tests {
 
 /// Per task and tool: the same failing answer again and again isolates the
 /// tool for that task for a while, so the task stops hammering it (through
-/// this route or another).
-#[derive(Debug, Default)]
+/// this route or another). Bounded like [`LoopGuard`]: at most
+/// [`MAX_TASKS`] streaks, least recently seen out first, those idle for an
+/// hour (and not isolated) dropped lazily; O(1) per call.
+#[derive(Debug)]
 pub struct FailureStreaks {
-    streaks: Mutex<HashMap<String, Streak>>,
+    streaks: BoundedMap<Streak>,
 }
+
+/// A streak not touched for this long is forgotten (once its isolation,
+/// if any, has ended).
+const STREAK_IDLE: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Default)]
 struct Streak {
@@ -668,16 +723,39 @@ struct Streak {
     last_seen: Duration,
 }
 
+impl Default for FailureStreaks {
+    fn default() -> Self {
+        FailureStreaks::with_capacity(MAX_TASKS)
+    }
+}
+
 impl FailureStreaks {
     pub fn new() -> FailureStreaks {
         FailureStreaks::default()
     }
 
+    /// At most `capacity` streaks (at least 1).
+    pub fn with_capacity(capacity: usize) -> FailureStreaks {
+        FailureStreaks {
+            streaks: BoundedMap::new(capacity),
+        }
+    }
+
+    /// Streaks kept now (every shard locked in turn: not for the request
+    /// path).
+    pub fn len(&self) -> Result<usize, Unknown> {
+        self.streaks.len().map_err(|_| Unknown)
+    }
+
+    pub fn is_empty(&self) -> Result<bool, Unknown> {
+        Ok(self.len()? == 0)
+    }
+
     /// `Some(retry_after)` while `key` is isolated.
     pub fn isolated(&self, key: &str, now: Duration) -> Result<Option<Duration>, Unknown> {
-        let map = self.streaks.lock().map_err(|_| Unknown)?;
-        Ok(map
-            .get(key)
+        let mut shard = self.streaks.shard(key).map_err(|_| Unknown)?;
+        Ok(shard
+            .peek_mut(key)
             .and_then(|s| s.isolated_until)
             .filter(|u| *u > now)
             .map(|u| u - now))
@@ -694,13 +772,14 @@ impl FailureStreaks {
         cooldown: Duration,
         now: Duration,
     ) -> bool {
-        let Ok(mut map) = self.streaks.lock() else {
+        let Ok(mut shard) = self.streaks.shard(key) else {
             return false;
         };
-        if map.len() >= MAX_TASKS && !map.contains_key(key) {
-            map.retain(|_, s| now.saturating_sub(s.last_seen) < Duration::from_secs(3600));
-        }
-        let s = map.entry(key.to_string()).or_default();
+        shard.expire(|s| {
+            now.saturating_sub(s.last_seen) >= STREAK_IDLE
+                && s.isolated_until.is_none_or(|u| u <= now)
+        });
+        let s = shard.touch(key, Streak::default);
         s.last_seen = now;
         match failure {
             None => {
@@ -742,6 +821,30 @@ mod streak_tests {
         assert_eq!(f.isolated("t/tool", 12 * S).unwrap(), Some(20 * S));
         assert_eq!(f.isolated("t/other", 12 * S).unwrap(), None);
         assert_eq!(f.isolated("t/tool", 32 * S).unwrap(), None);
+    }
+
+    #[test]
+    fn streaks_stay_within_their_capacity_and_the_most_recent_are_kept() {
+        let f = FailureStreaks::with_capacity(1000);
+        for i in 0..100_000u64 {
+            f.record(&format!("t{i}/tool"), Some(500), 2, 30 * S, S);
+        }
+        assert_eq!(f.len().unwrap(), 1000);
+        assert!(f.record("t99999/tool", Some(500), 2, 30 * S, S));
+        assert_eq!(f.isolated("t99999/tool", S).unwrap(), Some(30 * S));
+    }
+
+    #[test]
+    fn idle_streaks_go_but_an_isolation_outlives_the_idle_time() {
+        let f = FailureStreaks::with_capacity(1000);
+        let hour = 3600 * S;
+        f.record("idle", Some(1), 3, S, S);
+        f.record("held", Some(1), 1, 3 * hour, S);
+        // Another key's call, past the idle time, drops the idle streak
+        // (lazily, from the least recent end) but not the isolation.
+        f.record("other", None, 3, S, 2 * hour);
+        assert_eq!(f.len().unwrap(), 2);
+        assert_eq!(f.isolated("held", 2 * hour).unwrap(), Some(hour + S));
     }
 
     #[test]

@@ -27,7 +27,6 @@
 //! steps 3, 6 and 8 can run in dry-run (see [`rules::Mode`]).
 
 pub mod body;
-pub mod bounded;
 pub mod clock;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;

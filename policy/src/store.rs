@@ -20,6 +20,7 @@
 //! each here, and every member in Redis.)
 
 use async_trait::async_trait;
+use loopgate_bounded::BoundedMap;
 use std::collections::VecDeque;
 // ahash, not SipHash: these maps are looked up on every request, and keys
 // agents influence (task ids) still get a randomly keyed, DoS-resistant hash.
@@ -394,22 +395,58 @@ struct Inner {
     slots: HashMap<Arc<str>, u64>,
     admissions: u64,
     idem: HashMap<String, IdemEntry>,
-    records: HashMap<String, Record>,
-    record_writes: u64,
 }
 
 const SWEEP_EVERY: u64 = 1024;
 
+/// Most records (loop rings, one per task) the memory store keeps; past
+/// it the least recently written goes first, in O(1). About 450 bytes
+/// each with a default ring: some 45 MB when full.
+pub const MAX_RECORDS: usize = 100_000;
+
 /// The embedded, single-instance store.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
     next_lease: AtomicU64,
+    /// Records live apart from `inner`, sharded and bounded: task ids are
+    /// the agent's choice, so their number must not grow without limit
+    /// nor cost a scan when it is high.
+    records: BoundedMap<Record>,
+    /// Every write gets a fresh version, store-wide: a record pushed out
+    /// and written again never reuses a version a reader still holds.
+    record_version: AtomicU64,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::with_record_capacity(MAX_RECORDS)
+    }
+}
+
+fn records_poisoned() -> StoreError {
+    StoreError("memory store records poisoned".into())
 }
 
 impl MemoryStore {
     pub fn new() -> MemoryStore {
         MemoryStore::default()
+    }
+
+    /// A store of at most `capacity` records (at least 1).
+    pub fn with_record_capacity(capacity: usize) -> MemoryStore {
+        MemoryStore {
+            inner: Mutex::default(),
+            next_lease: AtomicU64::new(0),
+            records: BoundedMap::new(capacity),
+            record_version: AtomicU64::new(0),
+        }
+    }
+
+    /// Records kept now (every shard locked in turn: not for the request
+    /// path).
+    pub fn records_len(&self) -> Result<usize, StoreError> {
+        self.records.len().map_err(|_| records_poisoned())
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
@@ -569,10 +606,9 @@ impl StateStore for MemoryStore {
         now: Duration,
         key: &str,
     ) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-        let inner = self.lock()?;
-        Ok(inner
-            .records
-            .get(key)
+        let mut shard = self.records.shard(key).map_err(|_| records_poisoned())?;
+        Ok(shard
+            .peek_mut(key)
             .filter(|r| r.expires > now)
             .map(|r| (r.version, r.value.clone())))
     }
@@ -585,28 +621,25 @@ impl StateStore for MemoryStore {
         value: Vec<u8>,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let mut inner = self.lock()?;
-        let current = inner
-            .records
-            .get(key)
+        let mut shard = self.records.shard(key).map_err(|_| records_poisoned())?;
+        shard.expire(|r| r.expires <= now);
+        let current = shard
+            .peek_mut(key)
             .filter(|r| r.expires > now)
             .map(|r| r.version);
         if current != version {
             return Ok(false);
         }
-        inner.records.insert(
-            key.to_string(),
-            Record {
-                version: version.map_or(1, |v| v + 1),
-                value,
-                expires: now + ttl,
-            },
-        );
-        // Bounded: expired records are swept now and then.
-        inner.record_writes += 1;
-        if inner.record_writes.is_multiple_of(SWEEP_EVERY) {
-            inner.records.retain(|_, r| r.expires > now);
-        }
+        let record = Record {
+            version: self.record_version.fetch_add(1, Ordering::Relaxed) + 1,
+            value,
+            expires: now + ttl,
+        };
+        *shard.touch(key, || Record {
+            version: 0,
+            value: Vec::new(),
+            expires: Duration::ZERO,
+        }) = record;
         Ok(true)
     }
 
@@ -683,6 +716,44 @@ mod tests {
             .build()
             .unwrap()
             .block_on(f)
+    }
+
+    #[test]
+    fn records_stay_within_their_capacity_and_versions_are_never_reused() {
+        let s = MemoryStore::with_record_capacity(1000);
+        let ttl = 3600 * Duration::from_secs(1);
+        let t = Duration::from_secs(1);
+        let (v0, _) = {
+            futures_lite_block_on(s.record_swap(t, "task-0", None, b"a".to_vec(), ttl)).unwrap();
+            futures_lite_block_on(s.record_get(t, "task-0"))
+                .unwrap()
+                .unwrap()
+        };
+        for i in 1..50_000 {
+            let key = format!("task-{i}");
+            assert!(futures_lite_block_on(s.record_swap(t, &key, None, vec![1], ttl)).unwrap());
+        }
+        assert_eq!(s.records_len().unwrap(), 1000);
+        // task-0 was pushed out; written again, it gets a new version, so a
+        // reader still holding the old one cannot overwrite it.
+        assert_eq!(
+            futures_lite_block_on(s.record_get(t, "task-0")).unwrap(),
+            None
+        );
+        assert!(
+            futures_lite_block_on(s.record_swap(t, "task-0", None, b"b".to_vec(), ttl)).unwrap()
+        );
+        assert!(
+            !futures_lite_block_on(s.record_swap(t, "task-0", Some(v0), b"c".to_vec(), ttl))
+                .unwrap()
+        );
+        // Expired records go lazily when others are written.
+        let later = t + ttl;
+        for i in 0..200 {
+            let key = format!("late-{i}");
+            futures_lite_block_on(s.record_swap(later, &key, None, vec![2], ttl)).unwrap();
+        }
+        assert_eq!(s.records_len().unwrap(), 200);
     }
 
     #[test]

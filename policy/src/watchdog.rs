@@ -3,8 +3,8 @@
 //! task budget used. Green passes; yellow passes with a warning; red applies
 //! the configured action (degrade to a cheaper model, or stop the task).
 
-use crate::bounded::BoundedMap;
 use crate::store::StoreError;
+use loopgate_bounded::BoundedMap;
 use std::time::Duration;
 
 const ALPHA: f64 = 0.3;
@@ -114,7 +114,7 @@ impl Window {
 
 /// One watched task: 200 bytes (the test `per_task_memory_is_bounded`
 /// prints it); with the map's own share (the key's bytes plus about 64,
-/// see [`crate::bounded`]) about 300 bytes a task, some 30 MB at the
+/// see [`loopgate_bounded`]) about 300 bytes a task, some 30 MB at the
 /// default 100,000 tasks.
 #[derive(Debug, Default)]
 struct Task {
@@ -399,7 +399,7 @@ mod tests {
         w.call("recent", &cfg, 50 * S).unwrap();
         // Each call drops at most EXPIRE_PER_CALL idle tasks.
         w.call("new-0", &cfg, 101 * S).unwrap();
-        assert_eq!(w.len().unwrap(), 21 - crate::bounded::EXPIRE_PER_CALL + 1);
+        assert_eq!(w.len().unwrap(), 21 - loopgate_bounded::EXPIRE_PER_CALL + 1);
         w.call("new-1", &cfg, 101 * S).unwrap();
         w.call("new-2", &cfg, 101 * S).unwrap();
         assert_eq!(tasks(&w), ["recent", "new-0", "new-1", "new-2"]);

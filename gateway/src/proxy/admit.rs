@@ -461,3 +461,55 @@ pub struct AdmitState<'a> {
 fn truncate(s: &str, max: usize) -> &str {
     loopgate_policy::clip(s, max)
 }
+
+#[cfg(test)]
+mod framing_props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn request(lengths: &[Vec<u8>], chunked: bool) -> Option<pingora::http::RequestHeader> {
+        let mut req =
+            pingora::http::RequestHeader::build("POST", b"/v1/chat/completions", None).ok()?;
+        for l in lengths {
+            let v = http::HeaderValue::from_bytes(l).ok()?;
+            req.append_header(http::header::CONTENT_LENGTH, v).ok()?;
+        }
+        if chunked {
+            req.insert_header(http::header::TRANSFER_ENCODING, "chunked")
+                .ok()?;
+        }
+        Some(req)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// A length is read only from one header holding one decimal
+        /// number, and it is that number; anything else is refused.
+        #[test]
+        fn one_decimal_length_or_refused(
+            lengths in proptest::collection::vec(
+                prop_oneof![
+                    "[0-9]{1,20}".prop_map(String::into_bytes),
+                    "[0-9 ,+-]{0,12}".prop_map(String::into_bytes),
+                    proptest::collection::vec(any::<u8>(), 0..24),
+                ],
+                0..3,
+            ),
+            chunked in any::<bool>(),
+        ) {
+            let Some(req) = request(&lengths, chunked) else { return Ok(()); };
+            match declared_length(&req) {
+                Ok(None) => prop_assert!(lengths.is_empty()),
+                Ok(Some(n)) => {
+                    prop_assert_eq!(lengths.len(), 1);
+                    prop_assert!(!chunked);
+                    let text = std::str::from_utf8(lengths[0].trim_ascii()).unwrap();
+                    prop_assert!(text.bytes().all(|b| b.is_ascii_digit()));
+                    prop_assert_eq!(text.parse::<u64>().ok(), Some(n));
+                }
+                Err(_) => prop_assert!(!lengths.is_empty()),
+            }
+        }
+    }
+}

@@ -351,49 +351,9 @@ pub async fn admit_mcp(
     let agent_guards = &cfg.guards[agent_idx];
     let batch = body.first() == Some(&b'[');
     let call_id = first_call_id(&body);
-    // The task's loop guard and watchdog see tool calls.
-    if let (Some(tool), Some(task)) = (&call.tool, task) {
-        let key = format!("{}/{task}", rules.name);
-        if let Some(loops) = &agent_guards.loops {
-            let args = first_call_args(&body, &server.noise_fields);
-            let what = format!("mcp:{name}:{tool}");
-            let deny = super::guards::check_loop_value(
-                state,
-                rules,
-                agent_guards,
-                loops,
-                &key,
-                &what,
-                &args,
-            )
-            .await;
-            match deny {
-                Ok(Some(d)) => match verdict.judge_external(rules, Some(d)) {
-                    Ok(()) => {}
-                    Err(d) => return Ok(rpc(call_id, d, batch, request_id, 200)),
-                },
-                Ok(None) => {}
-                Err(GatewayError::Denied(d)) if undecided(&d) && server.tool.fail_open => {
-                    fail_open.get_or_insert(d.code);
-                }
-                Err(GatewayError::Denied(d)) => return Ok(rpc(call_id, d, batch, request_id, 200)),
-                Err(e) => return Err(e),
-            }
-        }
-        if let Some(wd) = &agent_guards.watchdog {
-            match super::guards::watch(state, rules, wd, &key) {
-                Ok(super::guards::Watch::Stop(d)) => {
-                    if let Err(d) = verdict.judge_external(rules, Some(d)) {
-                        return Ok(rpc(call_id, d, batch, request_id, 200));
-                    }
-                }
-                Ok(_) => {}
-                Err(GatewayError::Denied(d)) => return Ok(rpc(call_id, d, batch, request_id, 200)),
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    // The agent's request limits and each called tool's rate, in one call.
+    // The agent's request limits and each called tool's rate, in one call,
+    // before the guards: a refused call leaves no task state behind, and
+    // what the limits took is given back if a guard refuses after them.
     let taken = rules
         .admit_limits(
             state.store,
@@ -415,6 +375,60 @@ pub async fn admit_mcp(
         }
         Err(d) => return Ok(rpc(call_id, d, batch, request_id, 200)),
     };
+    let guarded: Result<(), Result<Admitted, GatewayError>> = async {
+        // The task's loop guard and watchdog see tool calls.
+        if let (Some(tool), Some(task)) = (&call.tool, task) {
+            let key = format!("{}/{task}", rules.name);
+            if let Some(loops) = &agent_guards.loops {
+                let args = first_call_args(&body, &server.noise_fields);
+                let what = format!("mcp:{name}:{tool}");
+                let deny = super::guards::check_loop_value(
+                    state,
+                    rules,
+                    agent_guards,
+                    loops,
+                    &key,
+                    &what,
+                    &args,
+                )
+                .await;
+                match deny {
+                    Ok(Some(d)) => match verdict.judge_external(rules, Some(d)) {
+                        Ok(()) => {}
+                        Err(d) => return Err(Ok(rpc(call_id, d, batch, request_id, 200))),
+                    },
+                    Ok(None) => {}
+                    Err(GatewayError::Denied(d)) if undecided(&d) && server.tool.fail_open => {
+                        fail_open.get_or_insert(d.code);
+                    }
+                    Err(GatewayError::Denied(d)) => {
+                        return Err(Ok(rpc(call_id, d, batch, request_id, 200)))
+                    }
+                    Err(e) => return Err(Err(e)),
+                }
+            }
+            if let Some(wd) = &agent_guards.watchdog {
+                match super::guards::watch(state, rules, wd, &key) {
+                    Ok(super::guards::Watch::Stop(d)) => {
+                        if let Err(d) = verdict.judge_external(rules, Some(d)) {
+                            return Err(Ok(rpc(call_id, d, batch, request_id, 200)));
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(GatewayError::Denied(d)) => {
+                        return Err(Ok(rpc(call_id, d, batch, request_id, 200)))
+                    }
+                    Err(e) => return Err(Err(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(out) = guarded {
+        super::admit::release(state, &taken).await;
+        return out;
+    }
     if let Some(a) = audit.as_mut() {
         a.tool_label = a
             .tool
@@ -678,6 +692,42 @@ fn find_event_end(buf: &[u8]) -> Option<usize> {
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod session_id_props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any header values: an id is taken only when there is exactly one
+        /// and it is 1-256 visible ASCII, and it is taken as sent.
+        #[test]
+        fn one_visible_id_or_refused(
+            values in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..3)
+        ) {
+            let mut h = http::HeaderMap::new();
+            let mut sent = Vec::new();
+            for v in &values {
+                if let Ok(v) = http::HeaderValue::from_bytes(v) {
+                    sent.push(v.as_bytes().to_vec());
+                    h.append(SESSION_HEADER, v);
+                }
+            }
+            match session_id_of(&h) {
+                Ok(None) => prop_assert!(sent.is_empty()),
+                Ok(Some(id)) => {
+                    prop_assert_eq!(sent.len(), 1);
+                    prop_assert_eq!(id.as_bytes(), &sent[0][..]);
+                    prop_assert!((1..=256).contains(&id.len()));
+                    prop_assert!(id.bytes().all(|c| (0x21..=0x7e).contains(&c)));
+                }
+                Err(_) => prop_assert!(!sent.is_empty()),
+            }
+        }
     }
 }
 

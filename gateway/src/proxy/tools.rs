@@ -267,6 +267,31 @@ pub async fn admit_tool(
     // Everything after the idempotency claim; if any of it refuses (or cannot
     // read its state), the call was never sent, so the key is forgotten below.
     let checked = async {
+        // Request limits (per minute, in flight) apply to tool calls too, and
+        // first: a refused call leaves no task state behind (an agent over
+        // its limits cannot grow the guards' maps), and what they took is
+        // given back if a guard refuses after them.
+        let taken = rules
+            .admit_limits(
+                state.store,
+                state.clock.now(),
+                &LimitRequest {
+                    extra: &[],
+                    estimated_prompt: 0,
+                    max_tokens: Some(0),
+                    task: None,
+                },
+                &mut verdict,
+            )
+            .await;
+        let taken = match taken {
+            Ok(t) => t,
+            Err(d) => {
+                unsure.note(d)?;
+                loopgate_policy::LimitsTaken::none()
+            }
+        };
+        let guarded = async {
         // The task's loop guard sees tool calls too: the same tool, method,
         // path and body in a cycle is stopped like a model loop.
         if let (Some(loops), Some(task)) = (&agent_guards.loops, task) {
@@ -333,28 +358,16 @@ pub async fn admit_tool(
             }
         }
 
-        // Request limits (per minute, in flight) apply to tool calls too.
-        let taken = rules
-            .admit_limits(
-                state.store,
-                state.clock.now(),
-                &LimitRequest {
-                    extra: &[],
-                    estimated_prompt: 0,
-                    max_tokens: Some(0),
-                    task: None,
-                },
-                &mut verdict,
-            )
-            .await;
-        let taken = match taken {
-            Ok(t) => t,
-            Err(d) => {
-                unsure.note(d)?;
-                loopgate_policy::LimitsTaken::none()
+        Ok::<_, GatewayError>((guard, isolation))
+        }
+        .await;
+        match guarded {
+            Ok((guard, isolation)) => Ok((guard, isolation, taken)),
+            Err(e) => {
+                super::admit::release(state, &taken).await;
+                Err(e)
             }
-        };
-        Ok::<_, GatewayError>((guard, isolation, taken))
+        }
     }
     .await;
     let (guard, isolation, taken) = match checked {
@@ -432,6 +445,67 @@ fn clip(s: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// What a servlet container behind a tool resolves: each segment
+    /// decoded once more (a second decoder), its `;parameters` dropped, dot
+    /// segments applied.
+    fn second_reader(decoded: &str) -> Option<Vec<String>> {
+        let mut out: Vec<String> = Vec::new();
+        for seg in decoded.split('/').skip(1) {
+            let again = normalize(&format!("/{seg}")).ok()?;
+            let name = again[1..].split(';').next().unwrap_or("").to_string();
+            match name.as_str() {
+                "." => {}
+                ".." => {
+                    out.pop();
+                }
+                _ => out.push(name),
+            }
+        }
+        Some(out)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Never panics; what it accepts, a second reader reads as the same
+        /// segments, so a grant judged on one is the grant the tool serves.
+        #[test]
+        fn accepted_paths_read_the_same_to_a_second_reader(
+            raw in proptest::collection::vec(
+                prop_oneof![
+                    Just("/"), Just("."), Just(".."), Just(";"), Just("%"), Just("%2e"),
+                    Just("%2E"), Just("%2f"), Just("%5c"), Just("%25"), Just("%3b"), Just("\\"),
+                    Just("a"), Just("city"), Just("%61"), Just("é"), Just("%c3%a9"), Just("%ff"),
+                    Just("\u{0}"), Just("x=1"),
+                ],
+                0..12,
+            )
+        ) {
+            let raw = format!("/{}", raw.concat());
+            if let Ok(decoded) = normalize(&raw) {
+                let segments: Vec<String> = decoded
+                    .split('/')
+                    .skip(1)
+                    .map(|s| s.split(';').next().unwrap_or("").to_string())
+                    .collect();
+                prop_assert_eq!(second_reader(&decoded), Some(segments.clone()), "{}", raw);
+                prop_assert!(!segments.iter().any(|s| s == "." || s == ".."), "{}", raw);
+                // Segment-boundary grants agree with the segments read.
+                let grant = loopgate_policy::PatternList::parse(&["/a/*"]).unwrap();
+                if grant.allows_path(&decoded) {
+                    prop_assert_eq!(segments.first().map(String::as_str), Some("a"), "{}", raw);
+                }
+            }
+        }
+
+        #[test]
+        fn never_panics_on_any_text(raw in "\\PC{0,64}") {
+            let _ = normalize(&raw);
+            let _ = split(&raw);
+        }
+    }
 
     #[test]
     fn splits_tool_paths() {
