@@ -345,7 +345,20 @@ fn a_server_answering_500_trips_its_breaker() {
     }
     let before = mock.requests().len();
     let r = rpc(&gw, AGENT_KEY, &msg(3, "ping", json!({})), &["-H", &s]);
-    r.assert_gateway_error(503, "circuit_open");
+    // Refused in JSON-RPC, answering the message's id, with the HTTP status.
+    assert_eq!(r.status, 503);
+    let v = r.json();
+    assert_eq!(v["jsonrpc"], "2.0", "{v}");
+    assert_eq!(v["id"], 3, "{v}");
+    assert_eq!(v["error"]["code"], -32001, "{v}");
+    assert_eq!(v["error"]["data"]["loopgate_code"], "circuit_open", "{v}");
+    assert_eq!(v["error"]["data"]["retryable"], true, "{v}");
+    assert_eq!(
+        v["error"]["data"]["request_id"].as_str(),
+        r.header("x-request-id"),
+        "{v}"
+    );
+    assert!(r.header("retry-after").is_some());
     assert_eq!(mock.requests().len(), before);
     // A JSON-RPC error result does not count: only transport and 5xx do.
 }

@@ -1,10 +1,11 @@
 //! Every error Loopgate itself answers with, mapped in one place to an HTTP
 //! status, a stable code, an OpenAI-style error type and a retry hint.
 //!
-//! The body is OpenAI's error shape, extended:
-//! `{"error":{"type":..,"code":..,"message":..,"request_id":..,"retryable":..}}`
-//! and the response carries `x-loopgate-error: <code>`, so an agent can tell a
-//! gateway decision from a provider's own error.
+//! It is a `std::error::Error`, so a hook that fails for a reason it knows
+//! (an open circuit, a stream cut by its budget) returns it as the cause of
+//! its Pingora error, and `fail_to_proxy` answers with it (see
+//! [`GatewayError::cause_of`]). How it is written on the wire (OpenAI JSON,
+//! JSON-RPC, an SSE error event) is `proxy::respond`'s, one renderer each.
 
 use loopgate_policy::{Deny, DenyCode};
 
@@ -34,7 +35,18 @@ pub enum GatewayError {
     Overloaded(String),
     /// Something inside the gateway went wrong; the request is refused.
     Internal(String),
+    /// The path exists but not for this HTTP method: answered 405 with
+    /// `Allow` (the methods that path takes, for this agent).
+    MethodNotAllowed { allow: String, message: String },
 }
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code(), self.message())
+    }
+}
+
+impl std::error::Error for GatewayError {}
 
 impl From<Deny> for GatewayError {
     fn from(d: Deny) -> Self {
@@ -53,7 +65,27 @@ impl GatewayError {
             | GatewayError::BreakerUnavailable
             | GatewayError::Overloaded(_) => 503,
             GatewayError::Internal(_) => 500,
+            GatewayError::MethodNotAllowed { .. } => 405,
         }
+    }
+
+    /// The gateway's own error a Pingora error carries as its cause (at
+    /// any depth: Pingora wraps errors it passes on), if any.
+    pub fn cause_of(e: &pingora::Error) -> Option<&GatewayError> {
+        let mut cause = e.cause.as_deref();
+        // Bounded: a cause chain is a few links long.
+        for _ in 0..8 {
+            let c = cause?;
+            if let Some(g) = c.downcast_ref::<GatewayError>() {
+                return Some(g);
+            }
+            let inner = c
+                .downcast_ref::<Box<pingora::Error>>()
+                .map(|b| &**b)
+                .or_else(|| c.downcast_ref::<pingora::Error>())?;
+            cause = inner.cause.as_deref();
+        }
+        None
     }
 
     /// Stable machine-readable code; also the metrics label.
@@ -69,6 +101,7 @@ impl GatewayError {
             GatewayError::BreakerUnavailable => "breaker_unavailable",
             GatewayError::Overloaded(_) => "gateway_overloaded",
             GatewayError::Internal(_) => "internal_error",
+            GatewayError::MethodNotAllowed { .. } => DenyCode::MethodNotAllowed.as_str(),
         }
     }
 
@@ -85,6 +118,7 @@ impl GatewayError {
             GatewayError::BreakerUnavailable
             | GatewayError::Overloaded(_)
             | GatewayError::Internal(_) => "gateway_error",
+            GatewayError::MethodNotAllowed { .. } => DenyCode::MethodNotAllowed.error_type(),
         }
     }
 
@@ -104,7 +138,9 @@ impl GatewayError {
     pub fn retryable(&self) -> bool {
         match self {
             GatewayError::Denied(d) => d.retryable,
-            GatewayError::UnsupportedEndpoint { .. } | GatewayError::BadRequest(_) => false,
+            GatewayError::UnsupportedEndpoint { .. }
+            | GatewayError::BadRequest(_)
+            | GatewayError::MethodNotAllowed { .. } => false,
             GatewayError::UpstreamUnreachable(_)
             | GatewayError::UpstreamTimeout(_)
             | GatewayError::UpstreamFailed(_)
@@ -128,7 +164,8 @@ impl GatewayError {
             | GatewayError::UpstreamTimeout(m)
             | GatewayError::UpstreamFailed(m)
             | GatewayError::Overloaded(m)
-            | GatewayError::Internal(m) => m.clone(),
+            | GatewayError::Internal(m)
+            | GatewayError::MethodNotAllowed { message: m, .. } => m.clone(),
             GatewayError::CircuitOpen {
                 provider,
                 retry_after,
@@ -142,13 +179,6 @@ impl GatewayError {
         }
     }
 
-    pub fn deny_code(&self) -> Option<DenyCode> {
-        match self {
-            GatewayError::Denied(d) => Some(d.code),
-            _ => None,
-        }
-    }
-
     /// Whether the upstream itself failed (as opposed to a gateway decision).
     pub fn upstream_failed(&self) -> bool {
         matches!(
@@ -158,42 +188,11 @@ impl GatewayError {
                 | GatewayError::UpstreamFailed(_)
         )
     }
-
-    /// The JSON body; for tool calls it also says whether the tool broke
-    /// (`upstream_failed: true`) or the gateway refused, so an agent stops
-    /// retrying into a wall.
-    pub fn body_for(&self, request_id: &str, tool_call: bool) -> Vec<u8> {
-        let mut v = serde_json::json!({
-            "error": {
-                "type": self.error_type(),
-                "code": self.code(),
-                "message": self.message(),
-                "request_id": request_id,
-                "retryable": self.retryable(),
-            }
-        });
-        if tool_call {
-            v["error"]["upstream_failed"] = serde_json::Value::Bool(self.upstream_failed());
-        }
-        serde_json::to_vec(&v).unwrap_or_default()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn body_has_the_documented_shape() {
-        let e = GatewayError::Denied(Deny::new(DenyCode::ModelNotAllowed, "no \"x\""));
-        let v: serde_json::Value = serde_json::from_slice(&e.body_for("rid-1", false)).unwrap();
-        assert_eq!(v["error"]["code"], "model_not_allowed");
-        assert_eq!(v["error"]["type"], "permission_error");
-        assert_eq!(v["error"]["message"], "no \"x\"");
-        assert_eq!(v["error"]["request_id"], "rid-1");
-        assert_eq!(v["error"]["retryable"], false);
-        assert_eq!(e.status(), 403);
-    }
 
     #[test]
     fn upstream_errors_are_retryable_gateway_statuses() {

@@ -29,7 +29,7 @@ use crate::pattern::PatternList;
 #[cfg(doc)]
 use crate::uri::ResourcePattern;
 use crate::uri::{ResourceMatcher, ResourceUri};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
 
 /// What one agent may use on one MCP server.
@@ -327,6 +327,11 @@ pub struct Refused {
     pub id: Value,
     /// Why.
     pub deny: Deny,
+    /// The refused message's method (clipped), when it had one: for the
+    /// audit log, never judged again.
+    pub method: Option<Box<str>>,
+    /// A refused `tools/call`'s tool name (clipped), likewise.
+    pub tool: Option<Box<str>>,
 }
 
 /// The largest batch [`judge`] accepts by default. MCP clients batch a
@@ -418,6 +423,8 @@ fn refuse(id: Value, code: DenyCode, message: impl Into<String>) -> Refused {
     Refused {
         id,
         deny: Deny::new(code, message).never_retryable(),
+        method: None,
+        tool: None,
     }
 }
 
@@ -461,7 +468,7 @@ impl Judge<'_> {
                 "jsonrpc must be \"2.0\"",
             ));
         }
-        let mut judged = Judged {
+        let judged = Judged {
             id,
             method: None,
             tool: None,
@@ -491,16 +498,33 @@ impl Judge<'_> {
                 ))
             }
         };
+        let mut judged = self
+            .method(judged, &method, obj, answer_id)
+            .map_err(|mut r| {
+                r.method = Some(clip(&method, 64).into());
+                r
+            })?;
+        judged.method = Some(method);
+        Ok(judged)
+    }
+
+    /// The part of [`Judge::one`] after the method was read.
+    fn method(
+        &mut self,
+        mut judged: Judged,
+        method: &str,
+        mut obj: Map<String, Value>,
+        answer_id: Value,
+    ) -> Result<Judged, Refused> {
         let Some(key) = judged.id.as_ref().and_then(RpcId::from_value) else {
             // A notification: only the known ones.
-            if NOTIFICATIONS.contains(&method.as_str()) {
-                judged.method = Some(method);
+            if NOTIFICATIONS.contains(&method) {
                 return Ok(judged);
             }
             return Err(refuse(
                 Value::Null,
                 DenyCode::MethodNotAllowed,
-                format!("unknown notification `{}`", clip(&method, 100)),
+                format!("unknown notification `{}`", clip(method, 100)),
             ));
         };
         if !self.ids.insert(key) {
@@ -518,7 +542,7 @@ impl Judge<'_> {
                 templates,
             })
         };
-        match method.as_str() {
+        match method {
             "initialize" | "ping" | "logging/setLevel" => {}
             "tools/list" => judged.list = list(Kind::Tool, false),
             "prompts/list" => judged.list = list(Kind::Prompt, false),
@@ -533,11 +557,13 @@ impl Judge<'_> {
                     ));
                 };
                 if !self.grant.allows(Kind::Tool, name) {
-                    return Err(refuse(
+                    let mut r = refuse(
                         answer_id,
                         DenyCode::ToolNotAllowed,
                         format!("tool `{}` is not granted to this agent", clip(name, 200)),
-                    ));
+                    );
+                    r.tool = Some(clip(name, 128).into());
+                    return Err(r);
                 }
                 let name = name.to_string();
                 let args = params
@@ -581,7 +607,6 @@ impl Judge<'_> {
                 ))
             }
         }
-        judged.method = Some(method);
         Ok(judged)
     }
 
@@ -634,30 +659,6 @@ impl Judge<'_> {
     }
 }
 
-/// The JSON-RPC error answering a refused message: same id; `error.data`
-/// carries the Loopgate code, `retryable` and, when known, `retry_after`.
-pub fn error_response(id: &Value, deny: &Deny, request_id: &str) -> Value {
-    let code = match deny.code {
-        DenyCode::InvalidJson => -32700,
-        DenyCode::InvalidRequest => -32600,
-        DenyCode::MethodNotAllowed => -32601,
-        _ => -32001,
-    };
-    let mut data = json!({
-        "loopgate_code": deny.code.as_str(),
-        "retryable": deny.retryable,
-        "request_id": request_id,
-    });
-    if let Some(after) = deny.retry_after {
-        data["retry_after"] = json!(after.as_secs().max(1));
-    }
-    json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": { "code": code, "message": deny.message, "data": data },
-    })
-}
-
 /// Removes `noise` keys at any depth (request ids, timestamps) so that two
 /// calls with the same meaning fingerprint the same.
 pub fn strip_noise(v: &mut Value, noise: &[String]) {
@@ -675,6 +676,7 @@ pub fn strip_noise(v: &mut Value, noise: &[String]) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use serde_json::json;
 
     fn grant(tools: &[&str]) -> McpGrant {
         McpGrant {
@@ -1092,15 +1094,6 @@ mod tests {
         );
         let err = judge(&g, br#"{"jsonrpc":"2.0","id":1}"#).unwrap_err();
         assert_eq!(err.deny.code, DenyCode::InvalidRequest);
-    }
-
-    #[test]
-    fn error_responses_carry_the_code() {
-        let d = Deny::new(DenyCode::ToolNotAllowed, "no").never_retryable();
-        let e = error_response(&json!(3), &d, "req-1");
-        assert_eq!(e["id"], 3);
-        assert_eq!(e["error"]["data"]["loopgate_code"], "tool_not_allowed");
-        assert_eq!(e["error"]["data"]["retryable"], false);
     }
 
     #[test]

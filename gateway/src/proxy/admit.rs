@@ -1,18 +1,29 @@
-//! Admission in `request_filter`: identify the agent, read and judge the
-//! body, pick the route. Runs before anything goes upstream; every refusal
-//! is answered here, never by failing a later hook (Pingora would still
-//! contact the upstream after a `request_body_filter` error).
+//! Admission: the one pipeline every call goes through in
+//! `request_filter`, its order in [`admit`]. Runs before anything goes
+//! upstream; every refusal is answered there, never by failing a later
+//! hook (Pingora would still contact the upstream after a
+//! `request_body_filter` error).
+//!
+//! 1. identify the agent (its key);
+//! 2. judge the call with its kind's rules (`model`, `tools`, `mcp`: each
+//!    only judges its kind and says what the shared steps should count);
+//! 3. the agent's limits and budgets, and the kind's extra windows, in one
+//!    store call;
+//! 4. the task guards: loop guard, watchdog, tool isolation;
+//! 5. one fail-mode decision for every step that could not read its state.
+//!
+//! What a later step refuses gives back what an earlier one took (the
+//! limits' reservation, an idempotency claim).
 
-use super::ctx::Admission;
-use super::guards;
+use super::call::Call;
+use super::ctx::{Admission, Plan, RequestCtx};
+use super::env::Env;
+use super::guards::{self, Watch};
+use crate::config::runtime::Route;
 use crate::config::Config;
 use crate::error::GatewayError;
-use crate::metrics::Metrics;
 use bytes::{Bytes, BytesMut};
-use loopgate_policy::{
-    inspect_body, replace_model, Clock, Deny, DenyCode, Endpoint, LimitRequest, LimitsTaken,
-    StateStore, Verdict, Watchdog,
-};
+use loopgate_policy::{Deny, DenyCode, LimitRequest, LimitsTaken, Verdict, WindowTake};
 use pingora_proxy::Session;
 use std::sync::Arc;
 
@@ -30,39 +41,276 @@ pub enum Admitted {
     /// degraded to another model), holding this on the agent's limits until
     /// the exchange ends.
     Forward(Arc<Admission>, Bytes, LimitsTaken),
-    /// `GET /v1/models`: answered by the gateway for this agent.
-    ListModels(usize, Verdict),
-    /// A repeated idempotency key: the recorded tool response, replayed.
-    Replay(loopgate_policy::IdemRecord),
-    /// An MCP message the gateway answers itself: a JSON-RPC error body.
-    Rpc {
-        status: u16,
-        body: Vec<u8>,
-        deny: loopgate_policy::Deny,
-    },
+    /// Answered by the gateway itself (the model list, a replay).
+    Answered(Answer),
 }
 
-/// The endpoint a request addresses, or the denial for an unknown one.
-pub fn endpoint_of(session: &Session) -> Result<Endpoint, GatewayError> {
-    let req = session.req_header();
-    let endpoint = Endpoint::from_path(req.uri.path()).ok_or_else(|| {
-        Deny::new(
-            DenyCode::NotFound,
-            format!(
-                "no such endpoint: {} {}",
-                req.method,
-                truncate(req.uri.path(), 200)
-            ),
-        )
-    })?;
-    if req.method.as_str() != endpoint.method() {
-        return Err(Deny::new(
-            DenyCode::MethodNotAllowed,
-            format!("{} only accepts {}", endpoint.path(), endpoint.method()),
-        )
-        .into());
+/// A call the gateway answers without the upstream.
+pub enum Answer {
+    /// `GET /v1/models`, for this agent.
+    ListModels(usize, Option<DenyCode>),
+    /// A repeated idempotency key: the recorded tool response.
+    Replay(loopgate_policy::IdemRecord),
+}
+
+/// A call its kind's rules allowed, and what the shared steps count.
+pub struct Judged {
+    pub route_name: Arc<str>,
+    pub route: Arc<Route>,
+    pub body: Bytes,
+    pub body_read: bool,
+    pub body_rewritten: bool,
+    /// The call's `fail_mode`, with what the judge already tolerated.
+    pub fail: FailMode,
+    /// What the limits reserve: prompt estimate and output tokens, whether
+    /// the task's token budget counts it, further windows (call rates).
+    pub estimated_prompt: u64,
+    pub max_tokens: u64,
+    pub task_budget: bool,
+    pub extra: Vec<WindowTake>,
+    /// What the loop guard fingerprints (`None`: not a guarded call).
+    pub loop_call: Option<(String, serde_json::Value)>,
+    /// Whether the watchdog counts the call.
+    pub watched: bool,
+    /// The task's isolation streak for this tool: key, threshold, cool-down.
+    pub isolation: Option<(String, u32, std::time::Duration)>,
+    /// An idempotency claim taken while judging: forgotten if refused.
+    pub idem_claim: Option<String>,
+    pub plan: Plan,
+}
+
+/// What judging a call came to.
+pub enum Judgement {
+    Forward(Box<Judged>),
+    Answer(Answer),
+}
+
+/// The agent and the call, for the kinds' judges.
+pub struct Caller<'a> {
+    pub cfg: &'a Config,
+    pub agent_idx: usize,
+    pub task: Option<&'a str>,
+}
+
+impl Caller<'_> {
+    pub fn rules(&self) -> &loopgate_policy::AgentRules {
+        &self.cfg.agents[self.agent_idx]
     }
-    Ok(endpoint)
+
+    /// `agent/task`.
+    pub fn task_key(&self) -> Option<String> {
+        self.task.map(|t| format!("{}/{t}", self.rules().name))
+    }
+}
+
+/// `fail_mode`, once for every step: a check that could not decide (its
+/// state was unavailable) refuses under `closed`; under `open` it is
+/// noted, answered in `x-loopgate-fail-open`, and the call goes on.
+/// Denials and open breakers never come here.
+pub struct FailMode {
+    open: bool,
+    pub noted: Option<DenyCode>,
+}
+
+impl FailMode {
+    pub fn new(open: bool) -> FailMode {
+        FailMode { open, noted: None }
+    }
+
+    /// `Ok(None)`: the step could not decide and `open` lets the call on.
+    pub fn tolerate<T>(&mut self, r: Result<T, GatewayError>) -> Result<Option<T>, GatewayError> {
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(GatewayError::Denied(d))
+                if self.open
+                    && matches!(
+                        d.code,
+                        DenyCode::StateUnavailable | DenyCode::PolicyUnavailable
+                    ) =>
+            {
+                log::warn!("fail_mode open: forwarding although {}", d.message);
+                self.noted.get_or_insert(d.code);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The admission pipeline (see the module docs for the order).
+pub async fn admit(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    cfg: &Config,
+    env: &Env<'_>,
+    call: &Call,
+    bodies: &Arc<super::buffers::BodyBuffers>,
+) -> Result<Admitted, GatewayError> {
+    // 1. The agent.
+    let agent_idx = authenticate(session, cfg)?;
+    let rules = &cfg.agents[agent_idx];
+    ctx.agent = Some(rules.name.clone());
+    // Bodies beyond what the agent may have in flight would only be
+    // refused by its limits after they were read: they are not read.
+    let share = rules.max_body_bytes.saturating_mul(
+        rules
+            .limits
+            .max_in_flight
+            .unwrap_or(super::buffers::DEFAULT_BODIES_PER_AGENT)
+            .max(1),
+    );
+    ctx.intake.hold = Some(bodies.hold(rules.name.clone(), share, super::buffers::TOTAL_BYTES));
+    let task = task_id(session).map(str::to_string);
+    let caller = Caller {
+        cfg,
+        agent_idx,
+        task: task.as_deref(),
+    };
+    // 2. The call, by its kind's rules.
+    let mut verdict = Verdict::default();
+    let judged = match call {
+        Call::Model(endpoint) => {
+            super::model::judge(session, ctx, &caller, *endpoint, &mut verdict).await?
+        }
+        Call::Tool { tool, path } => {
+            super::tools::judge(session, ctx, env, &caller, tool, path).await?
+        }
+        Call::Mcp { server } => {
+            super::mcp::judge(session, ctx, env, &caller, server, &mut verdict).await?
+        }
+    };
+    let mut j = match judged {
+        Judgement::Forward(j) => j,
+        Judgement::Answer(a) => return Ok(Admitted::Answered(a)),
+    };
+    let claim = j.idem_claim.take();
+    let steps = shared_steps(env, &caller, &mut j, &mut verdict).await;
+    let (taken, guard, fail_open) = match steps {
+        Ok(v) => v,
+        Err(e) => {
+            if let Some(key) = &claim {
+                // Never sent: the key is free again.
+                let _ = env.store.idem_finish(env.clock.now(), key, None).await;
+            }
+            return Err(e);
+        }
+    };
+    if let Plan::Model(m) = &mut j.plan {
+        m.budget_room = taken.budget_room;
+    }
+    Ok(Admitted::Forward(
+        Arc::new(Admission {
+            request_id: ctx.request_id.clone(),
+            agent: rules.name.clone(),
+            route_name: j.route_name,
+            route: j.route,
+            would_deny: verdict.would_deny.map(|d| d.code),
+            task_key: caller.task_key(),
+            guard,
+            fail_open,
+            forward_headers: cfg.forward_headers[agent_idx].clone(),
+            body_read: j.body_read,
+            body_rewritten: j.body_rewritten,
+            plan: j.plan,
+        }),
+        j.body,
+        taken,
+    ))
+}
+
+/// Steps 3 to 5: limits, then the task guards, under one fail mode. The
+/// limits go first so a call they refuse leaves no task state behind (a
+/// refused agent cannot grow it); what a guard then refuses gives the
+/// reservation back.
+async fn shared_steps(
+    env: &Env<'_>,
+    caller: &Caller<'_>,
+    j: &mut Judged,
+    verdict: &mut Verdict,
+) -> Result<(LimitsTaken, Option<&'static str>, Option<DenyCode>), GatewayError> {
+    let rules = caller.rules();
+    let mut fail = std::mem::replace(&mut j.fail, FailMode::new(false));
+    let limits = LimitRequest {
+        extra: &j.extra,
+        estimated_prompt: j.estimated_prompt,
+        max_tokens: Some(j.max_tokens),
+        task: caller.task.filter(|_| j.task_budget),
+    };
+    let taken = rules
+        .admit_limits(env.store, env.clock.now(), &limits, verdict)
+        .await
+        .map_err(GatewayError::from);
+    let taken = fail.tolerate(taken)?.unwrap_or_else(LimitsTaken::none);
+    match task_guards(env, caller, j, verdict, &mut fail, taken.task_budget_used).await {
+        Ok(guard) => Ok((taken, guard, fail.noted)),
+        Err(e) => {
+            release(env, &taken).await;
+            Err(e)
+        }
+    }
+}
+
+/// Step 4: the task's loop guard, watchdog and tool isolation. Returns the
+/// `x-loopgate-guard` value.
+async fn task_guards(
+    env: &Env<'_>,
+    caller: &Caller<'_>,
+    j: &mut Judged,
+    verdict: &mut Verdict,
+    fail: &mut FailMode,
+    budget_used: Option<f64>,
+) -> Result<Option<&'static str>, GatewayError> {
+    let Some(key) = caller.task_key() else {
+        return Ok(None);
+    };
+    let rules = caller.rules();
+    let agent_guards = &caller.cfg.guards[caller.agent_idx];
+    if let Some(used) = budget_used {
+        env.watchdog.budget_used(&key, used);
+    }
+    if let (Some(loops), Some((what, value))) = (&agent_guards.loops, &j.loop_call) {
+        let deny = guards::check_loop(env, rules, agent_guards, loops, &key, what, value).await;
+        if let Some(deny) = fail.tolerate(deny)? {
+            verdict.judge_external(rules, deny)?;
+        }
+    }
+    let mut guard = None;
+    if let (Some(wd), true) = (&agent_guards.watchdog, j.watched) {
+        match fail.tolerate(guards::watch(env, rules, wd, &key))? {
+            None | Some(Watch::Green) => {}
+            Some(Watch::Warn) => guard = Some("warn"),
+            Some(Watch::Stop(deny)) => verdict.judge_external(rules, Some(deny))?,
+            Some(Watch::Degrade(to)) => {
+                // Only a model call has a cheaper model to go to; any
+                // other call is warned.
+                guard = Some(match super::model::degrade(caller, j, &to)? {
+                    true => "degraded",
+                    false => "warn",
+                });
+            }
+        }
+    }
+    if let Some((streak, _, _)) = &j.isolation {
+        let isolated = env.streaks.isolated(streak, env.clock.now()).map_err(|_| {
+            GatewayError::from(Deny::new(
+                DenyCode::PolicyUnavailable,
+                "tool isolation state unavailable",
+            ))
+        });
+        if let Some(after) = fail.tolerate(isolated)?.flatten() {
+            let deny = Deny::new(
+                DenyCode::ToolIsolated,
+                format!(
+                    "tool `{}` kept failing the same way for this task; isolated for now",
+                    j.route_name
+                ),
+            )
+            .retry_after(after)
+            .never_retryable();
+            verdict.judge_external(rules, Some(deny))?;
+        }
+    }
+    Ok(guard)
 }
 
 /// The agent behind the presented key: its index in `cfg.agents`.
@@ -276,163 +524,14 @@ pub async fn linger(session: &mut Session) {
     let _ = tokio::time::timeout(LINGER_TIME, drain).await;
 }
 
-/// Judges an authenticated request in the documented order (see the
-/// `policy` crate); on success returns what to forward.
-pub async fn admit(
-    session: &mut Session,
-    cfg: &Config,
-    state: &AdmitState<'_>,
-    agent_idx: usize,
-    endpoint: Endpoint,
-    request_id: &str,
-    intake: &mut super::buffers::BodyIntake,
-) -> Result<Admitted, GatewayError> {
-    let rules = &cfg.agents[agent_idx];
-    let mut verdict = Verdict::default();
-    {
-        let headers = &session.req_header().headers;
-        rules.check_head(
-            endpoint,
-            |h| headers.get(h).map(|v| v.as_bytes()),
-            &mut verdict,
-        )?;
-    }
-    if !endpoint.has_body() {
-        return Ok(Admitted::ListModels(agent_idx, verdict));
-    }
-    let body = read_body(session, rules.max_body_bytes, intake).await?;
-    let facts = inspect_body(endpoint, &body, rules.phrases.as_deref())?;
-    if facts.model.bytes().any(|b| b < 0x20 || b == 0x7f) {
-        // It is echoed in headers and logs; no provider names a model so.
-        return Err(Deny::new(
-            DenyCode::InvalidRequest,
-            "`model` must not contain control characters",
-        )
-        .never_retryable()
-        .into());
-    }
-    let plan = rules.check_body(&facts, &mut verdict)?;
-    // An agent that set no output limit gets its own: the provider's
-    // default can be far above it. The body changes, so every attempt
-    // sends ours.
-    let mut body = body;
-    let mut rewritten = false;
-    if let Some((field, limit)) = plan.insert_max_tokens {
-        let Some(with) = loopgate_policy::rewrite::insert_field(&body, field, &limit) else {
-            return Err(GatewayError::Internal("cannot set the output limit".into()));
-        };
-        body = Bytes::from(with);
-        rewritten = true;
-    }
-    let find_route = |model: &str| {
-        let found = cfg.routes.find(model).ok_or_else(|| {
-            Deny::new(
-                DenyCode::UnknownModel,
-                format!("no route for model `{}`", truncate(model, 200)),
-            )
-        })?;
-        // All targets of a route speak one API family (checked at load).
-        if !found.1.targets.iter().all(|t| t.provider.serves(endpoint)) {
-            return Err(GatewayError::UnsupportedEndpoint {
-                model: model.to_string(),
-            });
-        }
-        Ok::<_, GatewayError>(found)
-    };
-    let (mut route_name, mut route) = find_route(&facts.model)?;
-    let mut model = facts.model.clone();
-
-    // Limits before the task guards: a request the limits refuse leaves no
-    // loop or watchdog state behind (a refused agent cannot grow it), and
-    // what the guards then refuse gives its reservation back.
-    let task = task_id(session);
-    let task_key = task.map(|t| format!("{}/{t}", rules.name));
-    let limit_req = LimitRequest {
-        extra: &[],
-        estimated_prompt: facts.estimated_prompt_tokens(),
-        max_tokens: Some(plan.output_tokens),
-        task,
-    };
-    let taken = rules
-        .admit_limits(state.store, state.clock.now(), &limit_req, &mut verdict)
-        .await?;
-    if let (Some(used), Some(key)) = (taken.task_budget_used, &task_key) {
-        state.watchdog.budget_used(key, used);
-    }
-    let guarded = async {
-        // Agent guards, per task: loops, then the watchdog.
-        let agent_guards = &cfg.guards[agent_idx];
-        if let (Some(loops), Some(key)) = (&agent_guards.loops, &task_key) {
-            let deny =
-                guards::check_loop(state, rules, agent_guards, loops, key, endpoint, &body).await?;
-            verdict.judge_external(rules, deny)?;
-        }
-        let mut guard = None;
-        let mut degraded_from = None;
-        if let (Some(wd), Some(key)) = (&agent_guards.watchdog, &task_key) {
-            match guards::watch(state, rules, wd, key)? {
-                guards::Watch::Green => {}
-                guards::Watch::Warn => guard = Some("warn"),
-                guards::Watch::Stop(deny) => verdict.judge_external(rules, Some(deny))?,
-                guards::Watch::Degrade(to) if to != model => {
-                    let (name, r) = find_route(&to)?;
-                    if let Some(rewritten) = replace_model(&body, &to) {
-                        body = Bytes::from(rewritten);
-                        degraded_from = Some(std::mem::replace(&mut model, to));
-                        route_name = name;
-                        route = r;
-                        guard = Some("degraded");
-                    }
-                }
-                guards::Watch::Degrade(_) => guard = Some("warn"),
-            }
-        }
-        Ok::<_, GatewayError>((guard, degraded_from, model, route_name, route, body))
-    }
-    .await;
-    let (guard, degraded_from, model, route_name, route, body) = match guarded {
-        Ok(v) => v,
-        Err(e) => {
-            release(state, &taken).await;
-            return Err(e);
-        }
-    };
-    Ok(Admitted::Forward(
-        Arc::new(Admission {
-            request_id: request_id.to_string(),
-            agent: rules.name.clone(),
-            model,
-            route_name: Arc::from(route_name),
-            route: route.clone(),
-            stream: facts.stream,
-            would_deny: verdict.would_deny.map(|d| d.code),
-            task_key,
-            guard,
-            degraded_from,
-            budget_room: taken.budget_room,
-            tool_path: None,
-            body_read: true,
-            idem: None,
-            expect_json: false,
-            isolation: None,
-            fail_open: None,
-            mcp: None,
-            body_rewritten: rewritten,
-            forward_headers: cfg.forward_headers[agent_idx].clone(),
-        }),
-        body,
-        taken,
-    ))
-}
-
 /// Gives back what a request took on its limits when a later check refused
 /// it: the token reservations settle at zero (nothing was spent), the
 /// in-flight slots are freed.
-pub async fn release(state: &AdmitState<'_>, taken: &LimitsTaken) {
+pub async fn release(env: &Env<'_>, taken: &LimitsTaken) {
     let settle: Vec<(&str, u64)> = taken.settle_keys.iter().map(|k| (&**k, 0)).collect();
-    if let Err(e) = state
+    if let Err(e) = env
         .store
-        .finish(state.clock.now(), &taken.lease, &settle)
+        .finish(env.clock.now(), &taken.lease, &settle)
         .await
     {
         log::warn!("limits not released after a refusal: {e}");
@@ -446,20 +545,6 @@ pub const TASK_ID_HEADER: http::HeaderName = http::HeaderName::from_static("x-ag
 pub fn task_id(session: &Session) -> Option<&str> {
     let v = session.req_header().headers.get(&TASK_ID_HEADER)?;
     super::ids::RequestIds::accept(v.as_bytes())
-}
-
-/// The shared state admission consults besides the config snapshot.
-pub struct AdmitState<'a> {
-    pub store: &'a dyn StateStore,
-    pub clock: &'a dyn Clock,
-    pub streaks: &'a loopgate_breaker::FailureStreaks,
-    pub watchdog: &'a Watchdog,
-    pub metrics: &'a Metrics,
-}
-
-/// Cuts agent-controlled text echoed in messages to a bounded length.
-fn truncate(s: &str, max: usize) -> &str {
-    loopgate_policy::clip(s, max)
 }
 
 #[cfg(test)]

@@ -3,36 +3,22 @@
 //! `task_stopped`), never with anything that looks like an upstream
 //! timeout, so agents do not retry into them.
 
-use super::admit::AdmitState;
+use super::env::Env;
 use crate::access_log::rfc3339_millis;
 use crate::config::runtime::Guards;
 use crate::error::GatewayError;
 use loopgate_breaker::{fingerprint, LoopConfig, LoopVerdict, TaskState, Trip};
-use loopgate_policy::{AgentRules, Deny, DenyCode, Endpoint, Level, RedAction, WatchdogConfig};
+use loopgate_policy::{AgentRules, Deny, DenyCode, Level, RedAction, WatchdogConfig};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Judges the task's next request for loops. `Ok(Some(deny))` for a loop;
-/// `Err` when the state cannot be read (fail closed).
+/// Judges the task's next call for loops: `what` names the endpoint, tool
+/// or MCP tool, `value` is the call reduced to its meaningful parts (a
+/// model call's body; a tool call's method, normalised path, query and
+/// body digest; an MCP call's tool and arguments), so model and tool calls
+/// of one task share one ring. `Ok(Some(deny))` for a loop; `Err` when the
+/// state cannot be read.
 pub async fn check_loop(
-    state: &AdmitState<'_>,
-    rules: &AgentRules,
-    guards: &Guards,
-    cfg: &LoopConfig,
-    task_key: &str,
-    endpoint: Endpoint,
-    body: &[u8],
-) -> Result<Option<Deny>, GatewayError> {
-    let value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| GatewayError::Internal(format!("body no longer parses: {e}")))?;
-    check_loop_value(state, rules, guards, cfg, task_key, endpoint.path(), &value).await
-}
-
-/// As [`check_loop`], for a call already reduced to its meaningful parts
-/// (`what` names the endpoint or tool). Tool calls use it with their method,
-/// normalised path, query and body digest, so model and tool calls of one
-/// task share one ring.
-pub async fn check_loop_value(
-    state: &AdmitState<'_>,
+    env: &Env<'_>,
     rules: &AgentRules,
     guards: &Guards,
     cfg: &LoopConfig,
@@ -41,7 +27,7 @@ pub async fn check_loop_value(
     value: &serde_json::Value,
 ) -> Result<Option<Deny>, GatewayError> {
     let fp = fingerprint(what, value, cfg);
-    let verdict = loop_step(state, task_key, fp, cfg).await?;
+    let verdict = loop_step(env, task_key, fp, cfg).await?;
     Ok(match verdict {
         LoopVerdict::Allow => None,
         LoopVerdict::CoolingDown { retry_after } => Some(
@@ -61,8 +47,7 @@ pub async fn check_loop_value(
                 trip.cooldown.as_secs(),
                 trip.trips
             );
-            state
-                .metrics
+            env.metrics
                 .loop_trips
                 .with_label_values(&[&rules.name])
                 .inc();
@@ -90,7 +75,7 @@ pub async fn check_loop_value(
 /// (the pure [`TaskState::step`]), write back if nobody else wrote since
 /// (a request of the same task on another replica); else read again.
 async fn loop_step(
-    state: &AdmitState<'_>,
+    env: &Env<'_>,
     task_key: &str,
     fp: loopgate_breaker::Fingerprint,
     cfg: &LoopConfig,
@@ -105,14 +90,14 @@ async fn loop_step(
     // Kept while the task may come back, and at least through a cool-down.
     let ttl = cfg.idle_ttl.max(cfg.max_cooldown);
     for _ in 0..8 {
-        let now = state.clock.now();
-        let (version, mut task) = match state.store.record_get(now, &key).await {
+        let now = env.clock.now();
+        let (version, mut task) = match env.store.record_get(now, &key).await {
             Ok(Some((v, bytes))) => (Some(v), TaskState::decode(&bytes).unwrap_or_default()),
             Ok(None) => (None, TaskState::default()),
             Err(e) => return Err(unavailable(e)),
         };
         let verdict = task.step(fp, cfg, now);
-        match state
+        match env
             .store
             .record_swap(now, &key, version, task.encode(), ttl)
             .await
@@ -180,14 +165,14 @@ pub enum Watch {
 
 /// Counts the task's call and applies the watchdog's level.
 pub fn watch(
-    state: &AdmitState<'_>,
+    env: &Env<'_>,
     rules: &AgentRules,
     cfg: &WatchdogConfig,
     task_key: &str,
 ) -> Result<Watch, GatewayError> {
-    let r = state
+    let r = env
         .watchdog
-        .call(task_key, cfg, state.clock.now())
+        .call(task_key, cfg, env.clock.now())
         .map_err(|_| {
             GatewayError::Denied(Deny::new(
                 DenyCode::PolicyUnavailable,
@@ -195,13 +180,7 @@ pub fn watch(
             ))
         })?;
     let reason = r.reason.unwrap_or_default();
-    let level = |l: &str| {
-        state
-            .metrics
-            .guard
-            .with_label_values(&[&rules.name, l])
-            .inc()
-    };
+    let level = |l: &str| env.metrics.guard.with_label_values(&[&rules.name, l]).inc();
     Ok(match (r.level, &cfg.action) {
         (Level::Green, _) => Watch::Green,
         (Level::Yellow, _) => {

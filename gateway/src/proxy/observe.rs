@@ -5,7 +5,6 @@ use super::{Gateway, RequestCtx};
 use crate::access_log::{timestamp, Record};
 use http::HeaderName;
 use loopgate_policy::DenyCode;
-use pingora::Error;
 use pingora_proxy::Session;
 use std::time::{Instant, SystemTime};
 
@@ -51,13 +50,7 @@ fn status_class(status: u16) -> &'static str {
 }
 
 /// `now`: the state clock, read once for the whole `logging` hook.
-pub fn record(
-    gw: &Gateway,
-    session: &mut Session,
-    _e: Option<&Error>,
-    ctx: &mut RequestCtx,
-    now: std::time::Duration,
-) {
+pub fn record(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, now: std::time::Duration) {
     let m = &gw.metrics;
     let elapsed = ctx.started.elapsed();
     let status = session.response_written().map_or(0, |r| r.status.as_u16());
@@ -105,13 +98,15 @@ pub fn record(
         m.ttfb.with_label_values(&[p]).observe(t.as_secs_f64());
     }
     let fallback_from = ctx
-        .fallback_from
+        .fallback
+        .from
         .as_deref()
         .filter(|f| Some(*f) != provider && provider.is_some());
     if let (Some(from), Some(to)) = (fallback_from, provider) {
         m.fallbacks.with_label_values(&[from, to]).inc();
     }
-    if let (Some(u), Some(route)) = (ctx.usage, route) {
+    let usage = ctx.usage();
+    if let (Some(u), Some(route)) = (usage, route) {
         m.tokens
             .with_label_values(&[agent, route, "prompt"])
             .inc_by(u.input_tokens);
@@ -131,6 +126,7 @@ pub fn record(
             .map(|(s, _, _)| s.as_str())
     });
     let req = session.req_header();
+    let model = adm.as_deref().and_then(|a| a.model());
     let record = Record {
         time: timestamp(SystemTime::now() - elapsed),
         request_id: &ctx.request_id,
@@ -138,17 +134,17 @@ pub fn record(
         task_id: header(session, &super::admit::TASK_ID_HEADER),
         call_id: header(session, &CALL_ID),
         tool_name: header(session, &TOOL_NAME).or_else(|| {
-            super::tools::split(req.uri.path())
-                .map(|(tool, _)| clip(tool, MAX_ID))
-                .filter(|t| !t.is_empty())
+            ctx.call
+                .as_ref()
+                .and_then(super::call::Call::tool_name)
+                .map(|t| clip(t, MAX_ID))
         }),
         method: req.method.as_str(),
         path: clip(req.uri.path(), 256),
-        model: adm
-            .as_ref()
-            .filter(|a| !a.model.is_empty())
-            .map(|a| clip(&a.model, MAX_ID)),
-        stream: adm.as_ref().is_some_and(|a| a.stream),
+        model: model
+            .filter(|m| !m.model.is_empty())
+            .map(|m| clip(&m.model, MAX_ID)),
+        stream: model.is_some_and(|m| m.stream),
         provider,
         breaker_state,
         decision,
@@ -161,9 +157,9 @@ pub fn record(
         overhead_us: overhead.as_micros() as u64,
         bytes_in: ctx.bytes_in,
         bytes_out: session.as_downstream().body_bytes_sent(),
-        prompt_tokens: ctx.usage.map(|u| u.input_tokens),
-        completion_tokens: ctx.usage.map(|u| u.output_tokens),
-        attempts: ctx.attempts,
+        prompt_tokens: usage.map(|u| u.input_tokens),
+        completion_tokens: usage.map(|u| u.output_tokens),
+        attempts: ctx.fallback.attempts,
         idempotent_replay: ctx.replayed,
         fallback_used: fallback_from.is_some(),
         fallback_from,

@@ -1,7 +1,10 @@
-//! Responses Loopgate writes itself: its JSON errors and the model list.
+//! Responses Loopgate writes itself: its errors, one renderer per wire
+//! format (OpenAI-shaped JSON, JSON-RPC for MCP, an SSE error event for a
+//! stream already under way), idempotent replays and the model list.
 
+use super::call::{Call, Wire};
 use super::ctx::RequestCtx;
-use crate::config::Config;
+use crate::config::{Config, ProviderKind};
 use crate::error::GatewayError;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
@@ -17,29 +20,35 @@ pub const DEGRADED_HEADER: &str = "x-loopgate-degraded";
 /// Forwarded under `fail_mode: open`: why the gateway could not decide.
 pub const FAIL_OPEN_HEADER: &str = "x-loopgate-fail-open";
 
-/// Writes `e` as Loopgate's JSON error. Returns the status written, or 0 when
-/// nothing could be written (a response had already started, or the client
-/// is gone).
+/// Once an MCP body is judged, a refusal answers its message in-band: the
+/// id of the message refused (the first `tools/call`'s, else a lone
+/// message's), in an array for a batch, with HTTP 200.
+#[derive(Debug, Clone)]
+pub struct RpcReply {
+    pub id: serde_json::Value,
+    pub batch: bool,
+}
+
+/// Writes `e` in the call's wire format (see [`Wire`]). Returns the status
+/// written, or 0 when nothing could be written (a response had already
+/// started, or the client is gone).
 pub async fn write_error(session: &mut Session, ctx: &mut RequestCtx, e: &GatewayError) -> u16 {
     ctx.error_code = Some(e.code());
     if response_started(session) {
         return 0;
     }
-    let status = e.status();
     let mut extra: Vec<(&'static str, String)> = vec![(ERROR_HEADER, e.code().to_string())];
     if let Some(secs) = e.retry_after_secs() {
-        extra.push(("retry-after", secs.to_string()));
+        extra.push(("retry-after", secs.max(1).to_string()));
     }
-    if let Some(code) = e.deny_code() {
-        if code == loopgate_policy::DenyCode::MethodNotAllowed {
-            if let Some(ep) = loopgate_policy::Endpoint::from_path(session.req_header().uri.path())
-            {
-                extra.push(("allow", ep.method().to_string()));
-            }
-        }
+    if let GatewayError::MethodNotAllowed { allow, .. } = e {
+        extra.push(("allow", allow.clone()));
     }
-    let tool_call = super::tools::split(session.req_header().uri.path()).is_some();
-    let body = e.body_for(&ctx.request_id, tool_call);
+    let (status, body) = match Call::wire(ctx.call.as_ref()) {
+        Wire::Json => (e.status(), render_json(e, &ctx.request_id, false)),
+        Wire::ToolJson => (e.status(), render_json(e, &ctx.request_id, true)),
+        Wire::JsonRpc => render_rpc(e, ctx.rpc_reply.as_ref(), &ctx.request_id),
+    };
     match write_json(session, ctx, status, body, &extra).await {
         Ok(()) => status,
         Err(err) => {
@@ -50,6 +59,190 @@ pub async fn write_error(session: &mut Session, ctx: &mut RequestCtx, e: &Gatewa
             0
         }
     }
+}
+
+/// The OpenAI-shaped error body, extended:
+/// `{"error":{"type":..,"code":..,"message":..,"request_id":..,"retryable":..}}`;
+/// for tool calls it also says whether the tool broke
+/// (`upstream_failed: true`) or the gateway refused, so an agent stops
+/// retrying into a wall. The response carries `x-loopgate-error: <code>`,
+/// so an agent can tell a gateway decision from a provider's own error.
+pub fn render_json(e: &GatewayError, request_id: &str, tool_call: bool) -> Vec<u8> {
+    let mut v = serde_json::json!({
+        "error": {
+            "type": e.error_type(),
+            "code": e.code(),
+            "message": e.message(),
+            "request_id": request_id,
+            "retryable": e.retryable(),
+        }
+    });
+    if tool_call {
+        v["error"]["upstream_failed"] = serde_json::Value::Bool(e.upstream_failed());
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// The JSON-RPC error answering an MCP request: `error.data` carries the
+/// Loopgate code, `retryable`, the request id and, when known,
+/// `retry_after`. Before the body was judged (no [`RpcReply`]) the id is
+/// `null` and the HTTP status is the error's; after, the refused message's
+/// id, in-band (200), as MCP clients expect a JSON-RPC error.
+pub fn render_rpc(e: &GatewayError, reply: Option<&RpcReply>, request_id: &str) -> (u16, Vec<u8>) {
+    use loopgate_policy::DenyCode;
+    let code = match e {
+        GatewayError::Denied(d) => match d.code {
+            DenyCode::InvalidJson => -32700,
+            DenyCode::InvalidRequest => -32600,
+            // A JSON-RPC method outside the grant or unknown.
+            DenyCode::MethodNotAllowed => -32601,
+            _ => -32001,
+        },
+        GatewayError::BadRequest(_) | GatewayError::MethodNotAllowed { .. } => -32600,
+        GatewayError::Internal(_) => -32603,
+        _ => -32001,
+    };
+    let mut data = serde_json::json!({
+        "loopgate_code": e.code(),
+        "retryable": e.retryable(),
+        "request_id": request_id,
+    });
+    if let Some(secs) = e.retry_after_secs() {
+        data["retry_after"] = serde_json::json!(secs.max(1));
+    }
+    let one = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": reply.map_or(serde_json::Value::Null, |r| r.id.clone()),
+        "error": { "code": code, "message": e.message(), "data": data },
+    });
+    let (status, body) = match reply {
+        Some(r) if r.batch => (200, serde_json::Value::Array(vec![one])),
+        Some(_) if matches!(e, GatewayError::Denied(_)) => (200, one),
+        _ => (e.status(), one),
+    };
+    (status, serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// The SSE event that ends a broken stream, in the provider family's
+/// format, so an agent sees an error instead of a silent cut.
+pub fn sse_error_event(kind: Option<ProviderKind>, e: &GatewayError, request_id: &str) -> Bytes {
+    let event = match kind {
+        Some(ProviderKind::Anthropic) => format!(
+            "event: error\ndata: {}\n\n",
+            serde_json::json!({"type": "error", "error": {
+                "type": "api_error", "message": e.message(), "code": e.code(), "request_id": request_id,
+            }})
+        ),
+        _ => format!(
+            "data: {}\n\n",
+            serde_json::json!({"error": {
+                "type": e.error_type(), "code": e.code(), "message": e.message(),
+                "request_id": request_id, "retryable": e.retryable(),
+            }})
+        ),
+    };
+    Bytes::from(event)
+}
+
+/// The gateway's decisions on a relayed response: the request id, who
+/// served it and what the gateway decided on the way. Only the gateway
+/// speaks in `x-loopgate-*`: an upstream's own are removed first, so it
+/// cannot forge one of its decisions.
+pub fn decision_headers(resp: &mut ResponseHeader, ctx: &RequestCtx) -> pingora::Result<()> {
+    let forged: Vec<http::HeaderName> = resp
+        .headers
+        .keys()
+        .filter(|h| h.as_str().starts_with("x-loopgate-"))
+        .cloned()
+        .collect();
+    for h in &forged {
+        resp.remove_header(h);
+    }
+    resp.insert_header(REQUEST_ID_HEADER, ctx.request_id.as_str())?;
+    if let Some(p) = &ctx.served_by {
+        // The attempt that answered carries its provider's prebuilt value;
+        // a last attempt that failed (5xx, 429) was already settled, so
+        // then the name is copied in.
+        match &ctx.attempt {
+            Some(att) => {
+                resp.insert_header(PROVIDER_HEADER, att.picked.provider.name_value.clone())?
+            }
+            None => resp.insert_header(PROVIDER_HEADER, p.as_ref())?,
+        }
+        if let Some(from) = ctx.fallback.from.as_ref().filter(|f| *f != p) {
+            resp.insert_header(FALLBACK_HEADER, from.as_ref())?;
+        }
+    }
+    if let Some(adm) = ctx.admitted.as_ref() {
+        if let Some(code) = adm.would_deny {
+            resp.insert_header(WOULD_DENY_HEADER, code.as_str())?;
+        }
+        if let Some(code) = adm.fail_open {
+            resp.insert_header(FAIL_OPEN_HEADER, code.as_str())?;
+        }
+        if let Some(g) = adm.guard {
+            resp.insert_header(GUARD_HEADER, g)?;
+        }
+        if let Some(m) = adm.model() {
+            if let Some(from) = &m.degraded_from {
+                resp.insert_header(DEGRADED_HEADER, format!("{from}->{}", m.model))?;
+            }
+        }
+    }
+    if ctx.lease.as_ref().is_some_and(|l| l.degraded) {
+        // Admitted on this instance's share of the limits: Redis was away.
+        resp.append_header(DEGRADED_HEADER, "state")?;
+    }
+    Ok(())
+}
+
+/// The response's content type, if it has a readable one.
+pub fn content_type(resp: &ResponseHeader) -> Option<&str> {
+    resp.headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+}
+
+/// Whether the response is an event stream.
+pub fn is_event_stream(resp: &ResponseHeader) -> bool {
+    content_type(resp).is_some_and(|c| c.starts_with("text/event-stream"))
+}
+
+/// `fail_to_proxy`: answers the error the exchange ended with. The answer
+/// is the error's own [`GatewayError`] cause when a hook gave one, else
+/// the last failed attempt's, else what the transport error means. Returns
+/// the status written (0: nothing could be, the response had started or
+/// the agent is gone).
+pub async fn write_failure(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    e: &pingora::Error,
+    metrics: &crate::metrics::Metrics,
+) -> u16 {
+    let answer = GatewayError::cause_of(e)
+        .cloned()
+        .or_else(|| ctx.fallback.last_failure.take())
+        .unwrap_or_else(|| {
+            super::failure::map_transport_error(e, &super::upstream::provider_name(ctx))
+        });
+    if super::failure::dead_client(e) {
+        ctx.error_code = Some(answer.code());
+        return 0;
+    }
+    if response_started(session) {
+        // Mid-stream: end an event stream with an error event in the
+        // provider's format rather than a silent cut.
+        ctx.error_code = Some(answer.code());
+        if session.response_written().is_some_and(is_event_stream) {
+            let event = sse_error_event(ctx.served_kind, &answer, &ctx.request_id);
+            if let Err(err) = session.write_response_body(Some(event), true).await {
+                log::debug!("request {}: cannot end the stream: {err}", ctx.request_id);
+            }
+        }
+        return 0;
+    }
+    metrics.denied(answer.code());
+    write_error(session, ctx, &answer).await
 }
 
 /// Whether a final (non-1xx) response header went out; a `100 Continue` we
@@ -78,22 +271,6 @@ async fn write_json(
     session
         .write_response_body(Some(Bytes::from(body)), true)
         .await
-}
-
-/// Answers an MCP message with the gateway's JSON-RPC error.
-pub async fn write_rpc_error(
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    status: u16,
-    body: Vec<u8>,
-    deny: &loopgate_policy::Deny,
-) -> pingora::Result<()> {
-    ctx.error_code = Some(deny.code.as_str());
-    let mut extra: Vec<(&'static str, String)> = vec![(ERROR_HEADER, deny.code.as_str().into())];
-    if let Some(after) = deny.retry_after {
-        extra.push(("retry-after", after.as_secs().max(1).to_string()));
-    }
-    write_json(session, ctx, status, body, &extra).await
 }
 
 /// Replays a recorded tool response for a repeated idempotency key.
@@ -164,4 +341,66 @@ pub async fn write_models(
         &extra,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopgate_policy::{Deny, DenyCode};
+
+    #[test]
+    fn json_errors_have_the_documented_shape() {
+        let e = GatewayError::Denied(Deny::new(DenyCode::ModelNotAllowed, "no \"x\""));
+        let v: serde_json::Value =
+            serde_json::from_slice(&render_json(&e, "rid-1", false)).unwrap();
+        assert_eq!(v["error"]["code"], "model_not_allowed");
+        assert_eq!(v["error"]["type"], "permission_error");
+        assert_eq!(v["error"]["message"], "no \"x\"");
+        assert_eq!(v["error"]["request_id"], "rid-1");
+        assert_eq!(v["error"]["retryable"], false);
+        assert!(v["error"].get("upstream_failed").is_none());
+        let t: serde_json::Value = serde_json::from_slice(&render_json(&e, "r", true)).unwrap();
+        assert_eq!(t["error"]["upstream_failed"], false);
+        assert_eq!(e.status(), 403);
+    }
+
+    #[test]
+    fn rpc_errors_carry_the_code_and_answer_in_band_once_judged() {
+        let d = Deny::new(DenyCode::ToolNotAllowed, "no").never_retryable();
+        let e = GatewayError::Denied(d);
+        let reply = RpcReply {
+            id: serde_json::json!(3),
+            batch: false,
+        };
+        let (status, body) = render_rpc(&e, Some(&reply), "req-1");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(v["id"], 3);
+        assert_eq!(v["error"]["code"], -32001);
+        assert_eq!(v["error"]["data"]["loopgate_code"], "tool_not_allowed");
+        assert_eq!(v["error"]["data"]["retryable"], false);
+        // Before the body is judged: id null, the error's own status.
+        let big = GatewayError::Denied(Deny::new(DenyCode::BodyTooLarge, "big"));
+        let (status, body) = render_rpc(&big, None, "r");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!((status, v["id"].clone()), (413, serde_json::Value::Null));
+        assert_eq!(v["jsonrpc"], "2.0");
+        let batch = RpcReply {
+            id: serde_json::json!("a"),
+            batch: true,
+        };
+        let (_, body) = render_rpc(&e, Some(&batch), "r");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v[0]["id"], "a");
+        let wrong = GatewayError::MethodNotAllowed {
+            allow: "POST".into(),
+            message: "m".into(),
+        };
+        let (status, body) = render_rpc(&wrong, None, "r");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (status, v["error"]["code"].clone()),
+            (405, serde_json::json!(-32600))
+        );
+    }
 }

@@ -1,0 +1,53 @@
+//! Tool isolation, the recording side: a task's answers from a tool feed
+//! its failure streak (same failing status again and again), which MCP
+//! and tool admission consult to cut the task off from the tool for a
+//! while.
+
+use super::{Admission, End, Env, Feature};
+use crate::proxy::ctx::Plan;
+use pingora::ErrorSource;
+use std::time::Duration;
+
+#[derive(Debug)]
+pub struct Streak {
+    key: String,
+    threshold: u32,
+    cooldown: Duration,
+}
+
+impl Feature for Streak {
+    fn arm(adm: &Admission) -> Option<Self> {
+        match &adm.plan {
+            Plan::Tool(t) => t.isolation.as_ref().map(|(key, threshold, cooldown)| Streak {
+                key: key.clone(),
+                threshold: *threshold,
+                cooldown: *cooldown,
+            }),
+            _ => None,
+        }
+    }
+
+    async fn done(&mut self, env: &Env<'_>, _adm: &Admission, end: &End<'_>) {
+        if !end.sent {
+            return;
+        }
+        let failure = match (end.upstream_status, end.error) {
+            (Some(s), _) if s >= 400 => Some(u64::from(s)),
+            (None, Some(err)) if *err.esource() != ErrorSource::Downstream => Some(1000),
+            _ => None,
+        };
+        if env.streaks.record(
+            &self.key,
+            failure,
+            self.threshold,
+            self.cooldown,
+            env.clock.now(),
+        ) {
+            log::warn!(
+                "tool isolated for task `{}`: {} identical failures in a row",
+                self.key,
+                self.threshold
+            );
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The rules of model calls (the API endpoints): headers, then the body
+//! read whole and judged (model, phrases, output limit, tools the model
+//! is given), then the route. And the watchdog's degrade: the same call
+//! sent to a cheaper model's route.
+
+use super::admit::{read_body, Answer, Caller, FailMode, Judged, Judgement};
+use super::ctx::{ModelPlan, Plan, RequestCtx};
+use crate::config::runtime::Route;
+use crate::error::GatewayError;
+use bytes::Bytes;
+use loopgate_policy::{clip, inspect_body, replace_model, Deny, DenyCode, Endpoint, Verdict};
+use pingora_proxy::Session;
+use std::sync::Arc;
+
+pub async fn judge(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    caller: &Caller<'_>,
+    endpoint: Endpoint,
+    verdict: &mut Verdict,
+) -> Result<Judgement, GatewayError> {
+    let rules = caller.rules();
+    {
+        let headers = &session.req_header().headers;
+        rules.check_head(endpoint, |h| headers.get(h).map(|v| v.as_bytes()), verdict)?;
+    }
+    if !endpoint.has_body() {
+        return Ok(Judgement::Answer(Answer::ListModels(
+            caller.agent_idx,
+            verdict.would_deny.as_ref().map(|d| d.code),
+        )));
+    }
+    let body = read_body(session, rules.max_body_bytes, &mut ctx.intake).await?;
+    let facts = inspect_body(endpoint, &body, rules.phrases.as_deref())?;
+    if facts.model.bytes().any(|b| b < 0x20 || b == 0x7f) {
+        // It is echoed in headers and logs; no provider names a model so.
+        return Err(Deny::new(
+            DenyCode::InvalidRequest,
+            "`model` must not contain control characters",
+        )
+        .never_retryable()
+        .into());
+    }
+    let plan = rules.check_body(&facts, verdict)?;
+    // An agent that set no output limit gets its own: the provider's
+    // default can be far above it. The body changes, so every attempt
+    // sends ours.
+    let mut body = body;
+    let mut rewritten = false;
+    if let Some((field, limit)) = plan.insert_max_tokens {
+        let Some(with) = loopgate_policy::rewrite::insert_field(&body, field, &limit) else {
+            return Err(GatewayError::Internal("cannot set the output limit".into()));
+        };
+        body = Bytes::from(with);
+        rewritten = true;
+    }
+    let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
+    // The loop guard fingerprints the whole body; parsed only when a task
+    // is guarded.
+    let guarded = caller.task.is_some() && caller.cfg.guards[caller.agent_idx].loops.is_some();
+    let loop_call = match guarded {
+        true => Some((
+            endpoint.path().to_string(),
+            serde_json::from_slice(&body)
+                .map_err(|e| GatewayError::Internal(format!("body no longer parses: {e}")))?,
+        )),
+        false => None,
+    };
+    Ok(Judgement::Forward(Box::new(Judged {
+        route_name,
+        route,
+        body,
+        body_read: true,
+        body_rewritten: rewritten,
+        // Model calls have no fail_mode: what cannot be decided is refused.
+        fail: FailMode::new(false),
+        estimated_prompt: facts.estimated_prompt_tokens(),
+        max_tokens: plan.output_tokens,
+        task_budget: true,
+        extra: Vec::new(),
+        loop_call,
+        watched: true,
+        isolation: None,
+        idem_claim: None,
+        plan: Plan::Model(ModelPlan {
+            endpoint,
+            model: facts.model,
+            stream: facts.stream,
+            degraded_from: None,
+            budget_room: None,
+        }),
+    })))
+}
+
+/// The route serving `model` on `endpoint`.
+fn find_route(
+    caller: &Caller<'_>,
+    endpoint: Endpoint,
+    model: &str,
+) -> Result<(Arc<str>, Arc<Route>), GatewayError> {
+    let (name, route) = caller.cfg.routes.find(model).ok_or_else(|| {
+        Deny::new(
+            DenyCode::UnknownModel,
+            format!("no route for model `{}`", clip(model, 200)),
+        )
+    })?;
+    // All targets of a route speak one API family (checked at load).
+    if !route.targets.iter().all(|t| t.provider.serves(endpoint)) {
+        return Err(GatewayError::UnsupportedEndpoint {
+            model: model.to_string(),
+        });
+    }
+    Ok((Arc::from(name), route.clone()))
+}
+
+/// The watchdog's red `degrade`: the call goes to `to`'s route with the
+/// model renamed in the body. `false`: not a model call, or already `to`
+/// (then it is only warned).
+pub fn degrade(caller: &Caller<'_>, j: &mut Judged, to: &str) -> Result<bool, GatewayError> {
+    let Plan::Model(m) = &mut j.plan else {
+        return Ok(false);
+    };
+    if m.model == to {
+        return Ok(false);
+    }
+    let Some(renamed) = replace_model(&j.body, to) else {
+        return Ok(false);
+    };
+    let (name, route) = find_route(caller, m.endpoint, to)?;
+    j.body = Bytes::from(renamed);
+    j.body_rewritten = true;
+    j.route_name = name;
+    j.route = route;
+    m.degraded_from = Some(std::mem::replace(&mut m.model, to.to_string()));
+    Ok(true)
+}
