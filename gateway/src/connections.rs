@@ -1,219 +1,492 @@
-//! Connection admission on the agent listener: how many connections one
-//! client address may hold, and how many the gateway holds in all.
+//! Connection admission on the agent listener: what slow clients may hold,
+//! how many connections the gateway holds in all, and the header deadline
+//! of every request on a connection (`listen.connections` in the config).
 //!
-//! Pingora reads a request's headers with a per-read timeout only, so a
-//! client that never finishes them holds its connection (and a descriptor)
-//! as long as it trickles a byte now and then: 1,100 such connections took a
-//! 1,024-descriptor gateway down for everyone. Each connection is counted
-//! here from accept to close, across its keep-alive requests, and a new
-//! connection's first request header must arrive whole within
-//! [`HEADER_DEADLINE`] (408 and closed otherwise); past the
-//! client's share or the total it is answered `503` and closed before any
-//! request is read. The total keeps half the descriptors the process may
-//! open, less a reserve, so every admitted connection can still open its
-//! upstream connection, and the admin listener (health, metrics) keeps
-//! working.
+//! The defence targets slowness, not concurrency. Pingora reads a request
+//! header with a per-read timeout only, so a client that trickles a byte
+//! now and then holds its connection (and a descriptor) indefinitely:
+//! 1,100 such connections took a 1,024-descriptor gateway down for
+//! everyone. One address, on the other hand, is what a gateway sees behind
+//! a load balancer, a NAT or one busy agent host, and what every load test
+//! sends, so the number of connections from an address is not limited.
+//!
+//! - Each request header (the first and every kept-alive one) is read here
+//!   before Pingora parses it, and must arrive whole within
+//!   `header_timeout` of its first byte (of the accept, for the first
+//!   request): 408 and closed otherwise. A kept-alive connection waits
+//!   `idle_timeout` for its next request and is then closed quietly.
+//! - A connection still short of its first header after [`SLOW_AFTER`], or
+//!   trickling a later one for that long, is slow; one address may hold
+//!   `slow_per_client` slow connections (`trusted` ranges are exempt),
+//!   and the next is answered 503 and closed.
+//! - The total keeps half the descriptors the process may open, less a
+//!   reserve, so every admitted connection can still open its upstream
+//!   connection and the admin listener keeps working. When it is reached,
+//!   the connection that has waited longest for a request header (idle,
+//!   or slow) is closed to make room; only when none waits is the new
+//!   one refused (503).
+//!
+//! Every refusal is counted in `loopgate_connections_refused_total{reason}`
+//! and logged at most once a second.
 
+use crate::config::Config;
+use crate::metrics::Metrics;
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
-use pingora::apps::ServerApp;
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
-/// Connections one client address may hold at once.
-pub const PER_CLIENT: usize = 256;
-/// A new connection's first request header arrives whole within this.
-/// Later requests on a kept-alive connection are bounded by Pingora's own
-/// keep-alive timeout.
-pub const HEADER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(15);
+/// A header still incomplete after this is slow: a client's request
+/// header is one write, so even a loaded network delivers it well within.
+pub const SLOW_AFTER: Duration = Duration::from_secs(1);
 /// Header bytes read ahead at most; Pingora refuses larger headers itself.
 const HEADER_READ_AHEAD: usize = 64 * 1024;
 
-/// Descriptors kept out of the agents' share (admin, logs, store, DNS).
-const RESERVE_FDS: usize = 128;
-
-/// The agent listener's app: Pingora's proxy behind the connection limits.
-pub struct Limited<A> {
-    inner: Arc<A>,
-    per_client: usize,
-    total_cap: usize,
-    total: AtomicUsize,
-    clients: Mutex<HashMap<IpAddr, usize>>,
+/// `listen.connections`, validated (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConnectionLimits {
+    pub slow_per_client: usize,
+    /// `None`: from the open-file limit ([`total_for`]).
+    pub max: Option<usize>,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub reserve_fds: usize,
+    pub trusted: Vec<ipnet::IpNet>,
 }
 
-impl<A> Limited<A> {
-    pub fn new(inner: A, per_client: usize, total_cap: usize) -> Limited<A> {
-        Limited {
-            inner: Arc::new(inner),
-            per_client,
-            total_cap,
-            total: AtomicUsize::new(0),
-            clients: Mutex::new(HashMap::new()),
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            slow_per_client: 256,
+            max: None,
+            header_timeout: Duration::from_secs(15),
+            idle_timeout: Duration::from_secs(60),
+            reserve_fds: 128,
+            trusted: Vec::new(),
+        }
+    }
+}
+
+impl ConnectionLimits {
+    fn trusts(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|n| n.contains(&ip))
+    }
+
+    /// The total for a process that may open `nofile` descriptors.
+    pub fn total(&self, nofile: u64) -> usize {
+        self.max
+            .unwrap_or_else(|| total_for(nofile, self.reserve_fds))
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "slow_per_client": self.slow_per_client,
+            "max": self.max,
+            "header_timeout_ms": self.header_timeout.as_millis() as u64,
+            "idle_timeout_ms": self.idle_timeout.as_millis() as u64,
+            "reserve_fds": self.reserve_fds,
+            "trusted": self.trusted.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Why a connection was ended before a request was served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The listener is full and no connection waits to be reclaimed.
+    Capacity,
+    /// Too many slow connections from this address.
+    ClientShare,
+    /// A request header did not arrive whole in time.
+    HeaderTimeout,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 3] = [
+        Refusal::Capacity,
+        Refusal::ClientShare,
+        Refusal::HeaderTimeout,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Capacity => "capacity",
+            Refusal::ClientShare => "client_share",
+            Refusal::HeaderTimeout => "header_timeout",
         }
     }
 
-    /// Takes a place for a connection from `ip`, or `None` when its share or
-    /// the total is used up.
-    fn admit(&self, ip: Option<IpAddr>) -> Option<Place<'_, A>> {
-        if self.total.fetch_add(1, Ordering::Relaxed) >= self.total_cap {
+    fn answer(self) -> &'static [u8] {
+        match self {
+            Refusal::Capacity | Refusal::ClientShare => REFUSED,
+            Refusal::HeaderTimeout => TIMED_OUT,
+        }
+    }
+}
+
+/// The agent listener's app: Pingora's HTTP proxy behind the limits. It
+/// runs the HTTP/1 keep-alive loop itself (as Pingora's own `ServerApp`
+/// does) so that every request's header passes the deadline.
+pub struct Limited<A> {
+    inner: Arc<A>,
+    config: Arc<ArcSwap<Config>>,
+    metrics: Arc<Metrics>,
+    nofile: u64,
+    total: AtomicUsize,
+    /// Slow connections per address.
+    slow: Mutex<HashMap<IpAddr, usize>>,
+    /// Connections waiting for a request header, oldest first, with the
+    /// signal that closes them.
+    waiting: Mutex<BTreeMap<u64, Arc<Notify>>>,
+    next_wait: AtomicU64,
+    log: RefusalLog,
+}
+
+impl<A> Limited<A> {
+    pub fn new(
+        inner: A,
+        config: Arc<ArcSwap<Config>>,
+        metrics: Arc<Metrics>,
+        nofile: u64,
+    ) -> Limited<A> {
+        Limited {
+            inner: Arc::new(inner),
+            config,
+            metrics,
+            nofile,
+            total: AtomicUsize::new(0),
+            slow: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(BTreeMap::new()),
+            next_wait: AtomicU64::new(0),
+            log: RefusalLog::default(),
+        }
+    }
+
+    /// Takes a place for a new connection, reclaiming the longest-waiting
+    /// one when the total is reached; `None` when nothing can be reclaimed.
+    fn admit(&self, total: usize) -> Option<Place<'_, A>> {
+        if self.total.fetch_add(1, Ordering::Relaxed) >= total && !self.reclaim() {
             self.total.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        if let Some(ip) = ip {
-            let Ok(mut map) = self.clients.lock() else {
-                self.total.fetch_sub(1, Ordering::Relaxed);
-                return None;
-            };
-            let n = map.entry(ip).or_insert(0);
-            if *n >= self.per_client {
-                drop(map);
-                self.total.fetch_sub(1, Ordering::Relaxed);
-                return None;
-            }
-            *n += 1;
+        self.metrics.connections_open.inc();
+        Some(Place { app: self })
+    }
+
+    /// Signals the connection that has waited longest for a header to
+    /// close. Its place is given back when it does (moments later); the
+    /// reserve in the total covers the overlap.
+    fn reclaim(&self) -> bool {
+        let Some((_, signal)) = self.waiting.lock().ok().and_then(|mut w| w.pop_first()) else {
+            return false;
+        };
+        signal.notify_one();
+        self.metrics.connections_reclaimed.inc();
+        true
+    }
+
+    /// Counts a slow connection of `ip`, or `None` past its share.
+    fn slow_mark(&self, ip: IpAddr, limits: &ConnectionLimits) -> Option<SlowMark<'_, A>> {
+        let mut map = self.slow.lock().ok()?;
+        let n = map.entry(ip).or_insert(0);
+        if *n >= limits.slow_per_client && !limits.trusts(ip) {
+            return None;
         }
-        Some(Place { app: self, ip })
+        *n += 1;
+        Some(SlowMark { app: self, ip })
+    }
+
+    /// Answers a refusal (best effort) and closes.
+    async fn refuse<S: tokio::io::AsyncWrite + Unpin>(
+        &self,
+        mut stream: S,
+        why: Refusal,
+        ip: Option<IpAddr>,
+    ) {
+        self.metrics
+            .connections_refused
+            .with_label_values(&[why.as_str()])
+            .inc();
+        self.log.note(why, ip);
+        let _ = stream.write_all(why.answer()).await;
+        let _ = stream.shutdown().await;
+    }
+
+    /// Reads ahead until a request header is complete, within the
+    /// deadlines, and puts what it read back for Pingora to parse. `None`:
+    /// the connection is done (refused, reclaimed, idle, or gone).
+    async fn next_header(
+        &self,
+        stream: Stream,
+        ip: Option<IpAddr>,
+        first: bool,
+        limits: &ConnectionLimits,
+    ) -> Option<Stream> {
+        use pingora::protocols::l4::stream::Stream as Tcp;
+        if !stream.as_any().is::<Tcp>() {
+            return Some(stream); // not plain TCP (none today): Pingora's own timeouts
+        }
+        let mut tcp: Box<Tcp> = stream.into_any().downcast().ok()?;
+        let signal = Arc::new(Notify::new());
+        let _waiting = Waiting::new(self, signal.clone());
+        let start = Instant::now();
+        // The first request's clock runs from the accept; a later one's
+        // from its first byte, after an idle wait of up to `idle_timeout`.
+        let mut header_by = first.then_some(start + limits.header_timeout);
+        let mut slow_at = first.then_some(start + SLOW_AFTER);
+        let idle_until = start + limits.idle_timeout;
+        let mut slow_mark = None;
+        let mut seen = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let wake = match (header_by, slow_at) {
+                (Some(h), Some(s)) => h.min(s),
+                (Some(h), None) => h,
+                (None, _) => idle_until,
+            };
+            let read = tokio::select! {
+                biased;
+                r = tokio::time::timeout_at(wake, tcp.read(&mut chunk)) => r,
+                _ = signal.notified() => {
+                    // Reclaimed for a new connection. An idle kept-alive
+                    // connection just closes, as at its idle timeout.
+                    if !seen.is_empty() || first {
+                        let _ = tcp.write_all(REFUSED).await;
+                    }
+                    let _ = tcp.shutdown().await;
+                    return None;
+                }
+            };
+            match read {
+                Err(_) if header_by.is_none() => return None, // idle: closed quietly
+                Err(_) if header_by.is_some_and(|h| Instant::now() >= h) => {
+                    self.refuse(tcp, Refusal::HeaderTimeout, ip).await;
+                    return None;
+                }
+                Err(_) => {
+                    // Slow: it counts against its address's share now.
+                    slow_at = None;
+                    if let Some(ip) = ip {
+                        match self.slow_mark(ip, limits) {
+                            Some(m) => slow_mark = Some(m),
+                            None => {
+                                self.refuse(tcp, Refusal::ClientShare, Some(ip)).await;
+                                return None;
+                            }
+                        }
+                    }
+                }
+                Ok(Ok(0)) | Ok(Err(_)) => return None,
+                Ok(Ok(n)) => {
+                    if header_by.is_none() {
+                        let now = Instant::now();
+                        header_by = Some(now + limits.header_timeout);
+                        slow_at = Some(now + SLOW_AFTER);
+                    }
+                    // A header's end may straddle two reads.
+                    let from = seen.len().saturating_sub(3);
+                    seen.extend_from_slice(&chunk[..n]);
+                    if seen[from..].windows(4).any(|w| w == b"\r\n\r\n")
+                        || seen.len() >= HEADER_READ_AHEAD
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(slow_mark);
+        tcp.rewind(&seen);
+        Some(tcp)
     }
 }
 
 /// One admitted connection's place; given back on drop.
 struct Place<'a, A> {
     app: &'a Limited<A>,
-    ip: Option<IpAddr>,
 }
 
 impl<A> Drop for Place<'_, A> {
     fn drop(&mut self) {
         self.app.total.fetch_sub(1, Ordering::Relaxed);
-        if let Some(ip) = self.ip {
-            if let Ok(mut map) = self.app.clients.lock() {
-                if let Some(n) = map.get_mut(&ip) {
-                    *n -= 1;
-                    if *n == 0 {
-                        map.remove(&ip);
-                    }
+        self.app.metrics.connections_open.dec();
+    }
+}
+
+/// A slow connection counted against its address; given back on drop.
+struct SlowMark<'a, A> {
+    app: &'a Limited<A>,
+    ip: IpAddr,
+}
+
+impl<A> Drop for SlowMark<'_, A> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.app.slow.lock() {
+            if let Some(n) = map.get_mut(&self.ip) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&self.ip);
                 }
             }
         }
     }
 }
+
+/// A connection's entry among those waiting for a header; removed on drop.
+struct Waiting<'a, A> {
+    app: &'a Limited<A>,
+    id: u64,
+}
+
+impl<'a, A> Waiting<'a, A> {
+    fn new(app: &'a Limited<A>, signal: Arc<Notify>) -> Self {
+        let id = app.next_wait.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut w) = app.waiting.lock() {
+            w.insert(id, signal);
+        }
+        Waiting { app, id }
+    }
+}
+
+impl<A> Drop for Waiting<'_, A> {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.app.waiting.lock() {
+            w.remove(&self.id);
+        }
+    }
+}
+
+/// Logs refusals at most once a second, with how many there were since.
+#[derive(Default)]
+struct RefusalLog {
+    /// Seconds since `EPOCH` of the last line.
+    last: AtomicU64,
+    since: AtomicU64,
+}
+
+impl RefusalLog {
+    fn note(&self, why: Refusal, ip: Option<IpAddr>) {
+        let n = self.since.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = EPOCH.elapsed().as_secs() + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        if now > last
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.since.fetch_sub(n, Ordering::Relaxed);
+            let from = ip.map_or_else(|| "-".to_string(), |ip| ip.to_string());
+            log::warn!(
+                "refused {n} agent connection(s) since the last report; latest: {} from {from}",
+                why.as_str()
+            );
+        }
+    }
+}
+
+static EPOCH: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
 
 const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nx-loopgate-error: gateway_overloaded\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 155\r\n\r\n{\"error\":{\"code\":\"gateway_overloaded\",\"type\":\"gateway_error\",\"message\":\"too many connections from this client or in all; retry shortly\",\"retryable\":true}}\n";
 
+const TIMED_OUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nx-loopgate-error: request_timeout\r\nconnection: close\r\ncontent-length: 138\r\n\r\n{\"error\":{\"code\":\"request_timeout\",\"type\":\"invalid_request_error\",\"message\":\"the request header did not arrive in time\",\"retryable\":true}}";
+
 #[async_trait]
-impl<A: ServerApp + Send + Sync + 'static> ServerApp for Limited<A> {
+impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for Limited<A> {
     async fn process_new(
         self: &Arc<Self>,
-        mut stream: Stream,
+        stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
+        // The limits of the snapshot this connection was accepted under.
+        let limits = self.config.load().connections.clone();
         let ip = stream
             .get_socket_digest()
             .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
-        let Some(_place) = self.admit(ip) else {
-            let _ = stream.write_all(REFUSED).await;
-            let _ = stream.shutdown().await;
+        let Some(_place) = self.admit(limits.total(self.nofile)) else {
+            self.refuse(stream, Refusal::Capacity, ip).await;
             return None;
         };
-        let stream = first_header_in_time(stream).await?;
-        // The place is held across the connection's keep-alive requests:
-        // they are served here, not handed back to the accept loop.
-        let mut next = self.inner.process_new(stream, shutdown).await;
-        while let Some(s) = next {
+        let mut stream = self.next_header(stream, ip, true, &limits).await?;
+        let mut settings: Option<HttpPersistentSettings> = None;
+        // Pingora's HTTP/1 keep-alive loop, with each next header read
+        // under the deadlines first.
+        loop {
+            let mut session = ServerSession::new_http1(stream);
+            let idle = match *shutdown.borrow() {
+                true => None,
+                false => Some(limits.idle_timeout.as_secs().max(1)),
+            };
+            session.set_keepalive(idle);
+            if let Some(s) = settings.take() {
+                s.apply_to_session(&mut session);
+            }
+            let reused = self.inner.process_new_http(session, shutdown).await?;
             if *shutdown.borrow() {
                 return None;
             }
-            next = self.inner.process_new(s, shutdown).await;
+            let (s, kept) = reused.consume();
+            settings = kept;
+            stream = self.next_header(s, ip, false, &limits).await?;
         }
-        None
     }
 
     async fn cleanup(&self) {
-        self.inner.cleanup().await;
+        self.inner.http_cleanup().await;
     }
 }
 
-const TIMED_OUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nx-loopgate-error: request_timeout\r\nconnection: close\r\ncontent-length: 138\r\n\r\n{\"error\":{\"code\":\"request_timeout\",\"type\":\"invalid_request_error\",\"message\":\"the request header did not arrive in time\",\"retryable\":true}}";
+/// The total for a process that may open `nofile` descriptors, keeping
+/// `reserve` out: each agent connection needs one more upstream.
+pub fn total_for(nofile: u64, reserve: usize) -> usize {
+    (nofile as usize).saturating_sub(reserve).max(2) / 2
+}
 
-/// Reads ahead until the first request header is complete, within
-/// [`HEADER_DEADLINE`], and puts what it read back for Pingora to parse.
-/// `None`: the client was too slow (answered 408) or went away.
-async fn first_header_in_time(stream: Stream) -> Option<Stream> {
-    use pingora::protocols::l4::stream::Stream as Tcp;
-    if !stream.as_any().is::<Tcp>() {
-        return Some(stream); // not plain TCP (none today): Pingora's own timeouts
-    }
-    let mut tcp: Box<Tcp> = stream.into_any().downcast().ok()?;
-    let deadline = tokio::time::Instant::now() + HEADER_DEADLINE;
-    let mut seen = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        match tokio::time::timeout_at(deadline, tcp.read(&mut chunk)).await {
-            Err(_) => {
-                let _ = tcp.write_all(TIMED_OUT).await;
-                let _ = tcp.shutdown().await;
-                return None;
-            }
-            Ok(Ok(0)) | Ok(Err(_)) => return None,
-            Ok(Ok(n)) => {
-                // A header's end may straddle two reads.
-                let from = seen.len().saturating_sub(3);
-                seen.extend_from_slice(&chunk[..n]);
-                if seen[from..].windows(4).any(|w| w == b"\r\n\r\n")
-                    || seen.len() >= HEADER_READ_AHEAD
-                {
-                    break;
-                }
+/// Raises the soft open-file limit to the hard one (as Go's runtime and
+/// nginx's `worker_rlimit_nofile` do): the default soft limit of 1,024
+/// would cap a gateway at a few hundred agent connections. Returns the
+/// soft limit in force.
+pub fn raise_nofile() -> u64 {
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        // An unlimited hard limit is not a number of descriptors.
+        let want = lim.rlim_max.min(1 << 20);
+        if lim.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return want;
             }
         }
+        lim.rlim_cur
     }
-    tcp.rewind(&seen);
-    Some(tcp)
-}
-
-/// The total for a process that may open `nofile` descriptors: each agent
-/// connection needs one more upstream.
-pub fn total_for(nofile: u64) -> usize {
-    (nofile as usize).saturating_sub(RESERVE_FDS).max(2) / 2
-}
-
-/// The process's soft open-file limit.
-pub fn nofile() -> u64 {
-    std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|l| {
-            l.lines()
-                .find(|l| l.starts_with("Max open files"))
-                .and_then(|l| l.split_whitespace().nth(3).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(1024)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    struct Nothing;
-
     #[test]
-    fn shares_and_the_total_are_taken_and_given_back() {
-        let app = Limited::new(Nothing, 2, 3);
-        let a: IpAddr = [127, 0, 0, 2].into();
-        let b: IpAddr = [127, 0, 0, 3].into();
-        let p1 = app.admit(Some(a)).unwrap();
-        let p2 = app.admit(Some(a)).unwrap();
-        assert!(app.admit(Some(a)).is_none(), "a's share is used");
-        let p3 = app.admit(Some(b)).unwrap();
-        assert!(app.admit(Some(b)).is_none(), "the total is used");
-        drop(p1);
-        let _p4 = app.admit(Some(b)).unwrap();
-        drop((p2, p3));
-        assert_eq!(app.total.load(Ordering::Relaxed), 1);
-        assert_eq!(app.clients.lock().unwrap().len(), 1);
+    fn refusals_are_well_formed_http() {
         for answer in [REFUSED, TIMED_OUT] {
             let head = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
             let text = std::str::from_utf8(&answer[..head]).unwrap();
@@ -231,7 +504,22 @@ mod tests {
 
     #[test]
     fn the_total_leaves_a_reserve_and_an_upstream_descriptor_each() {
-        assert_eq!(total_for(1024), 448);
-        assert_eq!(total_for(100), 1);
+        assert_eq!(total_for(1024, 128), 448);
+        assert_eq!(total_for(100, 128), 1);
+        let mut l = ConnectionLimits::default();
+        assert_eq!(l.total(20_000), 9_936);
+        l.max = Some(10);
+        assert_eq!(l.total(20_000), 10);
+    }
+
+    #[test]
+    fn trusted_ranges_match_addresses_inside_them() {
+        let l = ConnectionLimits {
+            trusted: vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()],
+            ..ConnectionLimits::default()
+        };
+        assert!(l.trusts([10, 1, 2, 3].into()));
+        assert!(l.trusts("::1".parse().unwrap()));
+        assert!(!l.trusts([11, 0, 0, 1].into()));
     }
 }

@@ -194,6 +194,8 @@ fn mock_options(f: FaultArgs) -> mock::MockOptions {
 }
 
 fn mock(listen: SocketAddr, threads: usize, faults: FaultArgs) -> ExitCode {
+    // Load tests hold as many connections to the mock as to the gateway.
+    connections::raise_nofile();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
         .enable_all()

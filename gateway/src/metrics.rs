@@ -41,6 +41,14 @@ pub struct Metrics {
     pub fail_open: IntCounterVec,
     /// MCP requests by server, tool (granted ones; else `other`) and decision.
     pub mcp_requests: IntCounterVec,
+    /// Agent connections ended before a request, by reason (a fixed set:
+    /// see `connections::Refusal`).
+    pub connections_refused: IntCounterVec,
+    /// Connections waiting for a request header closed to make room for a
+    /// new one while the listener was full.
+    pub connections_reclaimed: IntCounter,
+    /// Agent connections open now.
+    pub connections_open: IntGauge,
 }
 
 /// Latency buckets from 100 us to 5 min: gateway overhead is microseconds,
@@ -159,12 +167,27 @@ impl Metrics {
                 counter("loopgate_mcp_requests_total", "MCP requests by server, tool (granted tools; `other` for refused names) and decision."),
                 &["server", "tool", "decision"]
             )),
+            connections_refused: reg!(IntCounterVec::new(
+                counter("loopgate_connections_refused_total", "Agent connections the gateway ended before serving a request, by reason: capacity (listener full, nothing to reclaim), client_share (too many slow connections from one address), header_timeout (a header not whole in time)."),
+                &["reason"]
+            )),
+            connections_reclaimed: reg!(IntCounter::with_opts(counter(
+                "loopgate_connections_reclaimed_total",
+                "Connections still waiting for a request header, closed to make room while the listener was full."
+            ))),
+            connections_open: reg!(IntGauge::new(
+                "loopgate_connections_open",
+                "Agent connections open now."
+            )),
             registry,
         };
         m.state_available.set(1);
         // Every code is visible from the start, at zero.
         for code in DenyCode::ALL {
             m.denials.with_label_values(&[code.as_str()]);
+        }
+        for reason in crate::connections::Refusal::ALL {
+            m.connections_refused.with_label_values(&[reason.as_str()]);
         }
         m
     }

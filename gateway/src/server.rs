@@ -96,14 +96,16 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
             access_log,
         ),
     );
-    let nofile = crate::connections::nofile();
+    let nofile = crate::connections::raise_nofile();
+    let limits = config.load_full();
+    log::info!(
+        "agent connections: up to {} in all (open-file limit {nofile}), {} slow ones per address",
+        limits.connections.total(nofile),
+        limits.connections.slow_per_client
+    );
     let mut proxy = Service::new(
         "loopgate proxy".to_string(),
-        crate::connections::Limited::new(
-            app,
-            crate::connections::PER_CLIENT,
-            crate::connections::total_for(nofile),
-        ),
+        crate::connections::Limited::new(app, config.clone(), metrics.clone(), nofile),
     );
     // No L4 read buffer on agent connections. Pingora's default is a
     // zero-filled 64 KiB buffer per connection, and it saves nothing here:

@@ -4,6 +4,7 @@
 use super::spec::{self, ConfigSpec, ProviderKind};
 use super::{ConfigError, ConfigErrors};
 pub use crate::access_log::Target as AccessTarget;
+use crate::connections::ConnectionLimits;
 use crate::secret::Secret;
 use arc_swap::ArcSwapOption;
 use loopgate_breaker::{BreakerConfig, LoopConfig};
@@ -26,6 +27,8 @@ const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 pub struct Config {
     pub file: String,
     pub listen: SocketAddr,
+    /// The agent listener's connection limits (`listen.connections`).
+    pub connections: ConnectionLimits,
     pub threads: usize,
     pub admin_listen: Option<SocketAddr>,
     pub admin_token: Option<Secret>,
@@ -291,6 +294,7 @@ impl Config {
         json!({
             "file": self.file,
             "listen": self.listen.to_string(),
+            "connections": self.connections.to_json(),
             "threads": self.threads,
             "admin": {
                 "listen": self.admin_listen.map(|a| a.to_string()),
@@ -554,7 +558,15 @@ pub fn build(
         list: Vec::new(),
     };
 
-    let listen = parse_addr(&mut errs, "listen", &spec.listen);
+    let listen = parse_addr(
+        &mut errs,
+        match spec.listen.mapping {
+            true => "listen.address",
+            false => "listen",
+        },
+        &spec.listen.address,
+    );
+    let connections = build_connections(&mut errs, spec.listen.connections.as_ref());
     let admin_listen = spec
         .admin
         .as_ref()
@@ -1039,6 +1051,7 @@ pub fn build(
     Ok(Config {
         file: file.to_string(),
         listen: listen.expect("validated"),
+        connections,
         threads,
         admin_listen,
         admin_token,
@@ -1065,6 +1078,58 @@ fn list<I: IntoIterator<Item = S>, S: AsRef<str>>(items: I) -> String {
         .map(|s| s.as_ref().to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+fn build_connections(errs: &mut Errs, spec: Option<&spec::ConnectionsSpec>) -> ConnectionLimits {
+    let d = ConnectionLimits::default();
+    let Some(c) = spec else { return d };
+    let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| match v {
+        Some(0) => {
+            errs.push(format!("listen.connections.{field}"), "must be at least 1");
+            default
+        }
+        Some(v) => v,
+        None => default,
+    };
+    let ms = |d: Duration| d.as_millis() as u64;
+    let mut trusted = Vec::new();
+    for (i, t) in c.trusted.iter().flatten().enumerate() {
+        let net = t
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| t.parse::<IpAddr>().map(ipnet::IpNet::from));
+        match net {
+            Ok(n) => trusted.push(n),
+            Err(_) => errs.push(
+                format!("listen.connections.trusted[{i}]"),
+                format!("`{t}` is not an IP address or CIDR range (e.g. 10.0.0.0/8)"),
+            ),
+        }
+    }
+    ConnectionLimits {
+        slow_per_client: positive(
+            errs,
+            "slow_per_client",
+            c.slow_per_client.map(|v| v as u64),
+            d.slow_per_client as u64,
+        ) as usize,
+        max: c
+            .max
+            .map(|v| positive(errs, "max", Some(v as u64), 1) as usize),
+        header_timeout: Duration::from_millis(positive(
+            errs,
+            "header_timeout_ms",
+            c.header_timeout_ms,
+            ms(d.header_timeout),
+        )),
+        idle_timeout: Duration::from_millis(positive(
+            errs,
+            "idle_timeout_ms",
+            c.idle_timeout_ms,
+            ms(d.idle_timeout),
+        )),
+        reserve_fds: c.reserve_fds.unwrap_or(d.reserve_fds),
+        trusted,
+    }
 }
 
 fn parse_addr(errs: &mut Errs, path: &str, s: &str) -> Option<SocketAddr> {

@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigSpec {
-    /// Proxy listener, e.g. `0.0.0.0:8080`.
-    pub listen: String,
+    /// Proxy listener: an address (`0.0.0.0:8080`), or the address with
+    /// its connection limits (`{ address: ..., connections: {...} }`).
+    pub listen: ListenSpec,
     /// Worker threads of the proxy service (default: number of CPUs).
     #[serde(default)]
     pub threads: Option<usize>,
@@ -36,6 +37,83 @@ pub struct ConfigSpec {
     /// instance) or Redis (several instances share limits and breakers).
     #[serde(default)]
     pub state: Option<StateSpec>,
+}
+
+/// `listen:` as written: a bare address, or a mapping.
+#[derive(Debug)]
+pub struct ListenSpec {
+    pub address: String,
+    pub connections: Option<ConnectionsSpec>,
+    /// Written as a mapping: errors name `listen.address`.
+    pub mapping: bool,
+}
+
+/// The mapping form of `listen:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListenerSpec {
+    address: String,
+    #[serde(default)]
+    connections: Option<ConnectionsSpec>,
+}
+
+impl<'de> Deserialize<'de> for ListenSpec {
+    // By hand rather than `untagged`, so that a typo inside the mapping is
+    // reported as itself, not as "did not match any variant".
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ListenSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an IP:port address, or a mapping with `address` and `connections`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ListenSpec, E> {
+                Ok(ListenSpec {
+                    address: v.to_string(),
+                    connections: None,
+                    mapping: false,
+                })
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, m: M) -> Result<ListenSpec, M::Error> {
+                let l = ListenerSpec::deserialize(serde::de::value::MapAccessDeserializer::new(m))?;
+                Ok(ListenSpec {
+                    address: l.address,
+                    connections: l.connections,
+                    mapping: true,
+                })
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// `listen.connections`: what one client address and all clients may hold.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionsSpec {
+    /// Connections one address may hold while they are slow to deliver a
+    /// request header (default 256). Connections that deliver their
+    /// headers promptly never count, however many there are.
+    #[serde(default)]
+    pub slow_per_client: Option<usize>,
+    /// Agent connections in all (default: half the open-file limit less
+    /// `reserve_fds`, since each needs an upstream socket too).
+    #[serde(default)]
+    pub max: Option<usize>,
+    /// A request header arrives whole within this (default 15000).
+    #[serde(default)]
+    pub header_timeout_ms: Option<u64>,
+    /// A kept-alive connection waits this long for its next request
+    /// (default 60000), then is closed quietly.
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Descriptors kept out of the agents' share (default 128).
+    #[serde(default)]
+    pub reserve_fds: Option<usize>,
+    /// Addresses or CIDR ranges (a load balancer, a NAT) exempt from
+    /// `slow_per_client`; the total still applies.
+    #[serde(default)]
+    pub trusted: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

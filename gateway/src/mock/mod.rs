@@ -32,7 +32,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpListener;
 
 /// How many received requests the mock remembers.
 const RECORD_LIMIT: usize = 1000;
@@ -104,7 +103,16 @@ pub async fn serve(
     options: MockOptions,
     on_bound: impl FnOnce(SocketAddr),
 ) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
+    // A deep accept queue: a load test's first burst (a thousand upstream
+    // connections at once from the gateway) must not overflow it, or the
+    // connects time out and the gateway's breaker opens.
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(4096)?;
     on_bound(listener.local_addr()?);
     let state = MockState::new(options);
     loop {

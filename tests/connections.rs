@@ -1,0 +1,391 @@
+//! The agent listener's connection limits (`listen.connections`) against
+//! the real binary over real sockets: load from one address is served,
+//! slowness is what gets refused, every header (first or kept-alive) has a
+//! deadline, a full listener reclaims waiting connections before it
+//! refuses, and every refusal is counted by reason.
+
+use loopgate_tests::*;
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// A chat completion as raw bytes, `connection` being `close` or `keep-alive`.
+fn chat_request(connection: &str) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: {connection}\r\n\r\n{CHAT}",
+        CHAT.len()
+    )
+}
+
+/// The default test config with `listen` as a mapping carrying `connections`.
+fn config_with(mock: &Mock, connections: &str) -> String {
+    default_config(mock).replace(
+        "listen: 127.0.0.1:{PORT}",
+        &format!("listen: {{ address: \"127.0.0.1:{{PORT}}\", connections: {connections} }}"),
+    )
+}
+
+/// Runs a Python client script; it prints one line when its connections
+/// are in place and keeps them until its stdin closes.
+fn python(script: &str) -> (Child, String) {
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line.trim().to_string())
+}
+
+fn done(mut child: Child) {
+    drop(child.stdin.take());
+    let _ = child.wait();
+}
+
+/// The status of one complete request on a fresh connection.
+fn status(gw: &Gateway, bind: Option<&str>) -> u16 {
+    let script = format!(
+        r#"
+import socket
+s = socket.socket()
+{bind}
+s.settimeout(10)
+s.connect(("127.0.0.1", {port}))
+s.sendall({req:?}.encode())
+print(s.recv(64).split(b" ")[1].decode(), flush=True)
+"#,
+        bind = bind.map_or(String::new(), |ip| format!("s.bind(({ip:?}, 0))")),
+        port = gw.addr.port(),
+        req = chat_request("close"),
+    );
+    let (child, line) = python(&script);
+    done(child);
+    line.parse()
+        .unwrap_or_else(|_| panic!("no status: {line:?}"))
+}
+
+/// What load tests and agents behind a NAT send: many connections, each
+/// with its request promptly. None is refused for sharing an address.
+#[test]
+fn a_thousand_concurrent_requests_from_one_address_are_all_served() {
+    let mock = Mock::start();
+    let gw = Gateway::start_default(&mock);
+    let script = format!(
+        r#"
+import resource, socket
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+req = {req:?}.encode()
+conns = []
+for i in range(1000):
+    s = socket.create_connection(("127.0.0.1", {port}))
+    s.sendall(req)
+    conns.append(s)
+codes = {{}}
+for s in conns:
+    s.settimeout(30)
+    data = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    code = data.split(b" ")[1].decode() if data.startswith(b"HTTP/1.1 ") else "none"
+    codes[code] = codes.get(code, 0) + 1
+print(sorted(codes.items()), flush=True)
+"#,
+        req = chat_request("close"),
+        port = gw.addr.port(),
+    );
+    let (child, line) = python(&script);
+    done(child);
+    assert_eq!(line, "[('200', 1000)]", "every request answered 200");
+    for reason in ["capacity", "client_share", "header_timeout"] {
+        assert_eq!(
+            gw.metric(&format!(
+                "loopgate_connections_refused_total{{reason=\"{reason}\"}}"
+            )),
+            0.0
+        );
+    }
+}
+
+/// Slowloris: connections that never finish their headers, from one
+/// address, take at most that address's share once they are slow; the
+/// rest are answered 503 and counted; everyone else is served.
+#[test]
+fn connections_that_never_finish_their_headers_take_only_their_clients_share() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config_with(&mock, "{ slow_per_client: 100 }"));
+    let script = format!(
+        r#"
+import socket, sys, time
+held, refused = [], 0
+for i in range(150):
+    s = socket.socket()
+    s.bind(("127.0.0.2", 0))
+    s.connect(("127.0.0.1", {port}))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    held.append(s)
+time.sleep(3.0)
+for s in held:
+    s.setblocking(False)
+    try:
+        if s.recv(4096).startswith(b"HTTP/1.1 503"):
+            refused += 1
+    except BlockingIOError:
+        pass
+print(refused, flush=True)
+sys.stdin.read()
+"#,
+        port = gw.addr.port()
+    );
+    let (child, line) = python(&script);
+    assert_eq!(line, "50", "150 slow, 100 kept: the rest answered 503");
+    assert_eq!(
+        gw.metric("loopgate_connections_refused_total{reason=\"client_share\"}"),
+        50.0
+    );
+    // Meanwhile another address, and this one with prompt requests, are served.
+    assert_eq!(status(&gw, Some("127.0.0.3")), 200);
+    assert_eq!(status(&gw, Some("127.0.0.2")), 200);
+    assert_eq!(curl(&[&gw.admin_url("/health")]).status, 200);
+    done(child);
+    assert_eq!(status(&gw, None), 200);
+}
+
+/// A trusted front proxy's address is exempt from the slow share.
+#[test]
+fn a_trusted_address_is_exempt_from_the_slow_share() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config_with(
+        &mock,
+        "{ slow_per_client: 3, trusted: [127.0.0.2/32] }",
+    ));
+    let script = |ip: &str| {
+        format!(
+            r#"
+import socket, sys, time
+held, refused = [], 0
+for i in range(6):
+    s = socket.socket()
+    s.bind(("{ip}", 0))
+    s.connect(("127.0.0.1", {port}))
+    s.sendall(b"GET /v1/models HTTP/1.1\r\n")
+    held.append(s)
+time.sleep(2.5)
+for s in held:
+    s.setblocking(False)
+    try:
+        if s.recv(4096).startswith(b"HTTP/1.1 503"):
+            refused += 1
+    except BlockingIOError:
+        pass
+print(refused, flush=True)
+sys.stdin.read()
+"#,
+            port = gw.addr.port()
+        )
+    };
+    let (trusted, line) = python(&script("127.0.0.2"));
+    assert_eq!(line, "0", "the trusted proxy keeps all six");
+    let (other, line) = python(&script("127.0.0.4"));
+    assert_eq!(line, "3", "another address keeps three");
+    done(trusted);
+    done(other);
+}
+
+/// A full listener closes the connection that has waited longest for a
+/// header to make room, so slow connections cannot lock others out.
+#[test]
+fn a_full_listener_reclaims_waiting_connections_before_it_refuses() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config_with(&mock, "{ max: 40, slow_per_client: 1000 }"));
+    // 60 half-sent headers from one address: the listener holds 40.
+    let script = format!(
+        r#"
+import socket, sys, time
+held = []
+for i in range(60):
+    s = socket.socket()
+    s.bind(("127.0.0.2", 0))
+    s.connect(("127.0.0.1", {port}))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    held.append(s)
+time.sleep(0.5)
+print("held", flush=True)
+sys.stdin.read()
+"#,
+        port = gw.addr.port()
+    );
+    let (child, _) = python(&script);
+    assert!(gw.metric("loopgate_connections_reclaimed_total") >= 20.0);
+    // Another client is served; it, too, takes a slow connection's place.
+    for _ in 0..5 {
+        assert_eq!(status(&gw, Some("127.0.0.3")), 200);
+    }
+    assert_eq!(
+        gw.metric("loopgate_connections_refused_total{reason=\"capacity\"}"),
+        0.0
+    );
+    assert!(gw.metric("loopgate_connections_open") <= 41.0);
+    done(child);
+}
+
+/// A header trickled a byte at a time never finishes: the deadline ends it.
+#[test]
+fn a_request_header_must_arrive_whole_within_the_deadline() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config_with(&mock, "{ header_timeout_ms: 3000 }"));
+    let answer = trickle(&mut TcpStream::connect(gw.addr).unwrap());
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(
+        answer.contains("\"code\":\"request_timeout\""),
+        "{answer:?}"
+    );
+    assert_eq!(
+        gw.metric("loopgate_connections_refused_total{reason=\"header_timeout\"}"),
+        1.0
+    );
+    assert_eq!(status(&gw, None), 200);
+}
+
+/// Sends a header a byte every 400 ms until the gateway answers; returns
+/// what it answered.
+fn trickle(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    for b in b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter().cycle() {
+        if s.write_all(&[*b]).is_err() || started.elapsed() > Duration::from_secs(30) {
+            break;
+        }
+        let mut buf = [0u8; 1024];
+        if let Ok(n) = s.read(&mut buf) {
+            answer.extend_from_slice(&buf[..n]);
+            if n == 0 || !answer.is_empty() {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The rest of the answer, if it came in pieces.
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    answer.extend_from_slice(&rest);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Reads one response with `content-length` off a kept-alive connection.
+fn read_one(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if buf.len() >= end + 4 + len {
+                return String::from_utf8_lossy(&buf[..end + 4 + len]).into_owned();
+            }
+        }
+        let n = s.read(&mut chunk).expect("read a response");
+        assert!(
+            n > 0,
+            "closed mid-response: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The deadline holds for every request on a connection, not only the
+/// first; an idle kept-alive connection is closed quietly.
+#[test]
+fn kept_alive_connections_have_a_header_deadline_and_an_idle_timeout() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config_with(
+        &mock,
+        "{ header_timeout_ms: 3000, idle_timeout_ms: 2000 }",
+    ));
+    // One prompt request, then the next header trickled.
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(chat_request("keep-alive").as_bytes()).unwrap();
+    assert!(read_one(&mut s).starts_with("HTTP/1.1 200"));
+    let answer = trickle(&mut s);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+
+    // Prompt requests on one connection, then silence: closed, no answer.
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    for _ in 0..3 {
+        s.write_all(chat_request("keep-alive").as_bytes()).unwrap();
+        assert!(read_one(&mut s).starts_with("HTTP/1.1 200"));
+    }
+    let idle = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    assert!(
+        idle.elapsed() < Duration::from_secs(9),
+        "closed at its idle timeout"
+    );
+    assert_eq!(
+        gw.metric("loopgate_connections_refused_total{reason=\"header_timeout\"}"),
+        1.0,
+        "the idle close is no refusal"
+    );
+}
+
+#[test]
+fn bad_connection_limits_name_the_field() {
+    let dir = scratch_dir("conn-config");
+    let bad = [
+        (
+            "listen: { address: \"127.0.0.1:1\", connections: { slow_per_clients: 1 } }",
+            "slow_per_clients",
+        ),
+        (
+            "listen: { address: \"127.0.0.1:1\", connections: { trusted: [10.0.0.0/33] } }",
+            "listen.connections.trusted[0]",
+        ),
+        (
+            "listen: { address: \"127.0.0.1:1\", connections: { header_timeout_ms: 0 } }",
+            "listen.connections.header_timeout_ms",
+        ),
+        ("listen: { address: nope }", "listen.address"),
+    ];
+    for (listen, named) in bad {
+        let path = dir.join("bad.yaml");
+        std::fs::write(
+            &path,
+            format!("{listen}\nproviders: {{ p: {{ kind: openai_compatible, base_url: \"http://127.0.0.1:1\" }} }}\n"),
+        )
+        .unwrap();
+        let out = Command::new(bin())
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{listen}: {text}");
+        assert!(text.contains("bad.yaml"), "{listen}: {text}");
+        assert!(text.contains(named), "{listen}: {text}");
+    }
+}
