@@ -41,6 +41,7 @@
 //! | `tools[*]` | any other `type` (Anthropic server tools such as `web_search_20250305`, Responses built-ins such as `web_search_preview`, `file_search`, `code_interpreter`, `computer_use_preview`, `image_generation`, `local_shell`) | built-in | the `type`, whatever its `name` says: the provider dispatches on the type |
 //! | `functions[*]` (legacy OpenAI) | `{"name": ...}` | function | the name |
 //! | `mcp_servers[*]` (Anthropic) | `{"name": ..., "url": ...}` | MCP | `mcp:<name>@<url>` |
+//! | `web_search_options` (OpenAI chat, search models) | an object (`{}` included) | built-in | `web_search` |
 //!
 //! So an MCP connector is granted by label and address together, e.g.
 //! `mcp:github@https://api.githubcopilot.com/mcp/`, a family with a prefix
@@ -100,8 +101,8 @@ pub struct ToolUse {
     pub kind: ToolKind,
     /// What a tool grant must match (see the module docs).
     pub id: String,
-    /// The top-level field that declared it: `tools`, `functions` or
-    /// `mcp_servers`.
+    /// The top-level field that declared it: `tools`, `functions`,
+    /// `mcp_servers` or `web_search_options`.
     pub field: &'static str,
 }
 
@@ -300,7 +301,27 @@ pub fn inspect_body(
              send them in the request instead",
         ));
     }
-    let declared = declared_tools(raw.tools, raw.functions, raw.mcp_servers)?;
+    let mut declared = declared_tools(raw.tools, raw.functions, raw.mcp_servers)?;
+    match raw.web_search_options {
+        None | Some(Kind::Null) => {}
+        // Any options object, `{}` included, turns the search on: it is
+        // judged as the built-in web search tool a grant names `web_search`.
+        Some(Kind::Object) => declared.push(Declared {
+            tool: ToolUse {
+                kind: ToolKind::BuiltIn,
+                id: "web_search".to_string(),
+                field: "web_search_options",
+            },
+            name: None,
+            label: None,
+        }),
+        Some(other) => {
+            return Err(invalid(format!(
+                "`web_search_options` must be an object, got {}",
+                other.name()
+            )))
+        }
+    }
     for (field, choice) in [
         ("tool_choice", raw.tool_choice),
         ("function_call", raw.function_call),
@@ -667,6 +688,7 @@ struct RawFacts {
     mcp_servers: Option<List>,
     tool_choice: Option<Obj>,
     function_call: Option<Obj>,
+    web_search_options: Option<Kind>,
     // Seen-flags for text fields, to refuse duplicates.
     text_fields: u8,
 }
@@ -798,6 +820,7 @@ impl<'de> Visitor<'de> for FactsVisitor<'_, '_> {
                 KeyName::MaxOutputTokens => &mut facts.max_output_tokens,
                 KeyName::N => &mut facts.n,
                 KeyName::BestOf => &mut facts.best_of,
+                KeyName::WebSearch => &mut facts.web_search_options,
                 KeyName::Messages => &mut facts.messages,
                 KeyName::Text(bit, name) => {
                     if facts.text_fields & bit != 0 {
@@ -880,6 +903,8 @@ enum KeyName {
     List(&'static str),
     /// `tool_choice`, `function_call`.
     Choice(&'static str),
+    /// `web_search_options` (chat completions): a web search tool.
+    WebSearch,
     /// A field with its duplicate-detection bit, read as plain text.
     Text(u8, &'static str),
     /// A tool-bearing field the gateway cannot judge.
@@ -890,7 +915,7 @@ enum KeyName {
 }
 
 /// Judged top-level names, for refusing their case variants.
-const JUDGED: [&str; 17] = [
+const JUDGED: [&str; 18] = [
     "model",
     "messages",
     "stream",
@@ -904,6 +929,7 @@ const JUDGED: [&str; 17] = [
     "mcp_servers",
     "tool_choice",
     "function_call",
+    "web_search_options",
     "system",
     "prompt",
     "input",
@@ -924,6 +950,7 @@ impl KeyName {
             KeyName::MaxOutputTokens => "max_output_tokens",
             KeyName::N => "n",
             KeyName::BestOf => "best_of",
+            KeyName::WebSearch => "web_search_options",
             KeyName::List(n) | KeyName::Choice(n) | KeyName::Text(_, n) => n,
             KeyName::Refused(_) | KeyName::CaseVariant(_) | KeyName::Other => "?",
         }
@@ -944,6 +971,7 @@ impl KeyName {
             "mcp_servers" => KeyName::List("mcp_servers"),
             "tool_choice" => KeyName::Choice("tool_choice"),
             "function_call" => KeyName::Choice("function_call"),
+            "web_search_options" => KeyName::WebSearch,
             "system" => KeyName::Text(1, "system"),
             "prompt" => KeyName::Text(2, "prompt"),
             "input" => KeyName::Text(4, "input"),
@@ -1384,6 +1412,39 @@ mod tests {
             Ok(f) => panic!("{body} was accepted: {f:?}"),
             Err(d) => d,
         }
+    }
+
+    #[test]
+    fn web_search_options_is_the_web_search_tool() {
+        use ToolKind::*;
+        for opts in ["{}", r#"{"search_context_size":"low"}"#] {
+            let f = chat(&format!(
+                r#"{{"model":"gpt-4o-search-preview","messages":[],"web_search_options":{opts}}}"#
+            ))
+            .unwrap();
+            assert_eq!(
+                ids(&f),
+                vec![(BuiltIn, "web_search", "web_search_options")],
+                "{opts}"
+            );
+        }
+        let f = chat(r#"{"model":"m","messages":[],"web_search_options":null}"#).unwrap();
+        assert!(f.tools.is_empty());
+        for bad in ["true", "\"on\"", "[]", "1"] {
+            let d = refused(&format!(
+                r#"{{"model":"m","messages":[],"web_search_options":{bad}}}"#
+            ));
+            assert_eq!(d.code, DenyCode::InvalidRequest, "{bad}");
+            assert!(d.message.contains("web_search_options"), "{bad}");
+        }
+        // Given twice, or in another case: refused, never read one way here
+        // and another upstream.
+        let d = refused(
+            r#"{"model":"m","messages":[],"web_search_options":null,"web_search_options":{}}"#,
+        );
+        assert_eq!(d.code, DenyCode::InvalidJson);
+        let d = refused(r#"{"model":"m","messages":[],"Web_Search_Options":{}}"#);
+        assert_eq!(d.code, DenyCode::InvalidJson);
     }
 
     #[test]

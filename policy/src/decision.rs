@@ -55,10 +55,13 @@ pub enum DenyCode {
     StateUnavailable,
     /// An MCP session id presented by an agent other than its owner.
     SessionNotOwned,
+    /// A header the gateway reads (`x-agent-task-id`) that is malformed or
+    /// given twice: refused rather than ignored, so no guard is skipped.
+    InvalidHeader,
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 32] = [
+    pub const ALL: [DenyCode; 33] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -91,6 +94,7 @@ impl DenyCode {
         DenyCode::PolicyUnavailable,
         DenyCode::StateUnavailable,
         DenyCode::SessionNotOwned,
+        DenyCode::InvalidHeader,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -127,6 +131,7 @@ impl DenyCode {
             DenyCode::PolicyUnavailable => "policy_unavailable",
             DenyCode::StateUnavailable => "state_unavailable",
             DenyCode::SessionNotOwned => "session_not_owned",
+            DenyCode::InvalidHeader => "invalid_header",
         }
     }
 
@@ -147,6 +152,7 @@ impl DenyCode {
             | DenyCode::BlockedPhrase => 403,
             DenyCode::BodyTooLarge => 413,
             DenyCode::MissingHeader
+            | DenyCode::InvalidHeader
             | DenyCode::InvalidJson
             | DenyCode::InvalidRequest
             | DenyCode::MissingModel
@@ -188,6 +194,7 @@ impl DenyCode {
             | DenyCode::IdempotencyKeyReused
             | DenyCode::OutcomeUnknown
             | DenyCode::MissingHeader
+            | DenyCode::InvalidHeader
             | DenyCode::BodyTooLarge
             | DenyCode::InvalidJson
             | DenyCode::InvalidRequest

@@ -160,7 +160,9 @@ pub async fn admit(
             .max(1),
     );
     ctx.intake.hold = Some(bodies.hold(rules.name.clone(), share, super::buffers::TOTAL_BYTES));
-    let task = task_id(session).map(str::to_string);
+    // The one reader of the task id: what the required-header rule sees
+    // present is what the guards key on, or the request is refused.
+    let task = task_id(session)?.map(str::to_string);
     let caller = Caller {
         cfg,
         agent_idx,
@@ -541,10 +543,96 @@ pub async fn release(env: &Env<'_>, taken: &LimitsTaken) {
 /// The header that names an agent's task.
 pub const TASK_ID_HEADER: http::HeaderName = http::HeaderName::from_static("x-agent-task-id");
 
-/// The task id the agent sent (`x-agent-task-id`), when it is a sane token.
-pub fn task_id(session: &Session) -> Option<&str> {
-    let v = session.req_header().headers.get(&TASK_ID_HEADER)?;
-    super::ids::RequestIds::accept(v.as_bytes())
+/// The task id the agent sent (`x-agent-task-id`): `None` without one (an
+/// empty value is none, as the required-header rule reads it: `missing_header`
+/// where one is required); refused (400 `invalid_header`) when it is given
+/// twice or is not 1-128
+/// characters of `A-Z a-z 0-9 - _ . :`, never ignored (an ignored id would
+/// switch the loop guard and the watchdog off for the request).
+pub fn task_id(session: &Session) -> Result<Option<&str>, GatewayError> {
+    task_id_of(&session.req_header().headers)
+}
+
+fn task_id_of(headers: &http::HeaderMap) -> Result<Option<&str>, GatewayError> {
+    let mut values = headers.get_all(&TASK_ID_HEADER).iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(Deny::new(
+            DenyCode::InvalidHeader,
+            "`x-agent-task-id` is given more than once: send one",
+        )
+        .never_retryable()
+        .into());
+    }
+    if v.as_bytes().trim_ascii().is_empty() {
+        return Ok(None);
+    }
+    match super::ids::RequestIds::accept(v.as_bytes()) {
+        Some(id) => Ok(Some(id)),
+        None => Err(Deny::new(
+            DenyCode::InvalidHeader,
+            "`x-agent-task-id` must be 1 to 128 characters of A-Z, a-z, 0-9, `-`, `_`, `.` and `:`",
+        )
+        .never_retryable()
+        .into()),
+    }
+}
+
+#[cfg(test)]
+mod task_id_props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any set of `x-agent-task-id` values: a task id is taken exactly
+        /// when one value is sent and it is a valid token, and it is that
+        /// value; every other case is refused, none is ignored.
+        #[test]
+        fn one_valid_task_id_or_refused(
+            values in proptest::collection::vec(
+                prop_oneof![
+                    "[A-Za-z0-9._:-]{1,128}",
+                    "[A-Za-z0-9._:-]{129,140}",
+                    "[ -~]{0,20}",
+                    "\\PC{1,8}",
+                ],
+                0..3,
+            ),
+        ) {
+            let mut h = http::HeaderMap::new();
+            let mut sent = Vec::new();
+            for v in &values {
+                if let Ok(v) = http::HeaderValue::from_str(v) {
+                    sent.push(String::from_utf8_lossy(v.as_bytes()).into_owned());
+                    h.append(TASK_ID_HEADER, v);
+                }
+            }
+            let valid = |v: &str| {
+                (1..=128).contains(&v.len())
+                    && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+            };
+            let blank = sent.len() == 1 && sent[0].trim().is_empty();
+            match task_id_of(&h) {
+                Ok(None) => prop_assert!(sent.is_empty() || blank),
+                Ok(Some(id)) => {
+                    prop_assert_eq!(sent.len(), 1);
+                    prop_assert_eq!(id, sent[0].as_str());
+                }
+                Err(e) => {
+                    prop_assert!(sent.len() > 1 || (sent.len() == 1 && !blank && !valid(&sent[0])));
+                    prop_assert_eq!(e.status(), 400);
+                }
+            }
+            // Both directions: a single valid value is always taken.
+            if sent.len() == 1 && valid(&sent[0]) {
+                prop_assert!(matches!(task_id_of(&h), Ok(Some(_))));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,197 @@
+//! The second hardening pass (issue 33) over real sockets: what still got
+//! through at 5c29c38. Each case checks the status, the error's shape,
+//! that nothing reached the upstream, and that the gateway still serves.
+
+use loopgate_tests::*;
+use serde_json::{json, Value};
+
+const SEARCH_KEY: &str = "hardening-search-key-0007";
+
+fn config(mock: &Mock) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+threads: 2
+providers:
+  oa:
+    kind: openai_compatible
+    base_url: "{mock}"
+    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
+routes:
+  - models: [gpt-4o-mini, gpt-4o-search-preview]
+    targets: [ {{ provider: oa }} ]
+mcp_servers:
+  files:
+    url: "{mock}/mcp"
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: [gpt-4o-mini, gpt-4o-search-preview]
+    tools: [lookup_invoice]
+    required_headers: [x-agent-task-id]
+    loop_guard: {{ window: 10, repeats: 3 }}
+    mcp_access:
+      files: {{ tools: [read_file], resources: ["file:///public/*"] }}
+  searcher:
+    key_sha256: "{search}"
+    models: [gpt-4o-search-preview]
+    tools: [web_search]
+"#,
+        mock = mock.url(),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+        search = sha256_hex(SEARCH_KEY.as_bytes()),
+    )
+}
+
+fn chat(gw: &Gateway, key: &str, headers: &[&str], body: &Value) -> Resp {
+    let mut args = vec![
+        "-X".to_string(),
+        "POST".into(),
+        gw.url("/v1/chat/completions"),
+        "-H".into(),
+        auth(key),
+        "-H".into(),
+        "content-type: application/json".into(),
+    ];
+    for h in headers {
+        args.push("-H".into());
+        args.push(h.to_string());
+    }
+    args.push("--data-binary".into());
+    args.push(body.to_string());
+    curl(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+fn hi(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// `web_search_options` runs a web search at OpenAI's search models: it is
+/// a tool, granted as `web_search` or refused.
+#[test]
+fn web_search_options_is_judged_as_the_web_search_tool() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let mut body = hi("gpt-4o-search-preview");
+    for opts in [json!({}), json!({"search_context_size": "high"})] {
+        body["web_search_options"] = opts;
+        let r = chat(&gw, AGENT_KEY, &["x-agent-task-id: s1"], &body);
+        r.assert_gateway_error(403, "tool_not_allowed");
+        assert!(r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("web_search"));
+    }
+    body["web_search_options"] = json!("on");
+    chat(&gw, AGENT_KEY, &["x-agent-task-id: s2"], &body)
+        .assert_gateway_error(400, "invalid_request");
+    assert_eq!(mock.requests().len(), 0, "nothing reached the provider");
+
+    // Granted: it goes upstream as sent.
+    body["web_search_options"] = json!({});
+    let r = chat(&gw, SEARCH_KEY, &[], &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(mock.requests().len(), 1);
+    // Off (`null`) is no tool.
+    body["web_search_options"] = Value::Null;
+    let r = chat(&gw, AGENT_KEY, &["x-agent-task-id: s3"], &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// One reader of the task id: what passes the required-header rule is
+/// what the loop guard and the watchdog key on, or the request is 400.
+#[test]
+fn a_task_id_is_valid_or_refused_never_ignored() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let long = format!("x-agent-task-id: {}", "t".repeat(129));
+    for header in [
+        "x-agent-task-id: task 2",
+        "x-agent-task-id: task/2",
+        "x-agent-task-id: t\u{e2}che",
+        long.as_str(),
+        "x-agent-task-id: a\"b",
+    ] {
+        let r = chat(&gw, AGENT_KEY, &[header], &hi("gpt-4o-mini"));
+        r.assert_gateway_error(400, "invalid_header");
+        assert_eq!(r.json()["error"]["retryable"], false);
+    }
+    // Two of them: which one would the guards read?
+    let r = chat(
+        &gw,
+        AGENT_KEY,
+        &["x-agent-task-id: t1", "x-agent-task-id: t2"],
+        &hi("gpt-4o-mini"),
+    );
+    r.assert_gateway_error(400, "invalid_header");
+    assert_eq!(mock.requests().len(), 0, "nothing reached the provider");
+
+    // A valid one is the guards' key: the third identical call is a loop.
+    let statuses: Vec<u16> = (0..4)
+        .map(|_| {
+            chat(
+                &gw,
+                AGENT_KEY,
+                &["x-agent-task-id: task-2"],
+                &hi("gpt-4o-mini"),
+            )
+            .status
+        })
+        .collect();
+    assert_eq!(statuses, [200, 200, 409, 409]);
+    assert_eq!(mock.requests().len(), 2);
+}
+
+/// A query or fragment with dot segments would leave the granted prefix
+/// at a server that normalises the whole string.
+#[test]
+fn mcp_resource_uris_with_dot_segments_after_a_query_or_fragment_are_refused() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let read = |id: u64, uri: &str| {
+        let body =
+            json!({"jsonrpc": "2.0", "id": id, "method": "resources/read", "params": {"uri": uri}});
+        curl(&[
+            "-X",
+            "POST",
+            &gw.url("/mcp/files"),
+            "-H",
+            &auth(AGENT_KEY),
+            "-H",
+            "x-agent-task-id: mcp-1",
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "accept: application/json, text/event-stream",
+            "--data-binary",
+            &body.to_string(),
+        ])
+    };
+    for (i, uri) in [
+        "file:///public/a?/../../secret/k",
+        "file:///public/a#/../../secret/k",
+        "file:///public/a?x=/../../../etc/passwd",
+        "file:///public/a?x=%2e%2e%2f%2e%2e%2fsecret",
+        "file:///public/a#..",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = read(i as u64 + 1, uri);
+        assert_eq!(r.status, 200, "{uri}: {}", r.text());
+        let v = r.json();
+        assert_eq!(v["id"], i as u64 + 1, "{uri}: {v}");
+        assert_eq!(
+            v["error"]["data"]["loopgate_code"], "invalid_path",
+            "{uri}: {v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("query or fragment"),
+            "{uri}: {v}"
+        );
+    }
+    assert_eq!(mock.requests().len(), 0, "nothing reached the server");
+}
