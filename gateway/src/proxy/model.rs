@@ -138,6 +138,10 @@ pub fn attempt_body(
     base: &Bytes,
 ) -> Result<Option<Bytes>, GatewayError> {
     let rename = route.targets.get(target).and_then(|t| t.model.as_deref());
+    if rename.is_none() && plan.output == loopgate_policy::OutputLimit::default() {
+        // No limit in the body and none to set: nothing to look up.
+        return Ok(None);
+    }
     let sent = rename.unwrap_or(&plan.model);
     let named = plan.degraded_from.as_deref().unwrap_or(&plan.model);
     let edit = route
