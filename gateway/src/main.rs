@@ -94,6 +94,11 @@ struct FaultArgs {
     /// Drop streams after this many events.
     #[arg(long)]
     reset_after: Option<usize>,
+    /// Refuse output limits as the real providers do: `max_tokens` for
+    /// OpenAI's reasoning models, a limit above the model's output maximum,
+    /// a Messages call without `max_tokens` (per request: `x-mock-strict: 1`).
+    #[arg(long)]
+    strict: bool,
 }
 
 /// The key the demo agent uses; conf/demo.yaml holds its SHA-256.
@@ -189,6 +194,8 @@ fn mock_options(f: FaultArgs) -> mock::MockOptions {
             reset_after: f.reset_after,
             body: None,
             upgrade: false,
+            strict: f.strict,
+            max_output: None,
         },
     }
 }

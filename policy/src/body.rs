@@ -65,17 +65,19 @@
 //!
 //! # Output tokens
 //!
-//! [`BodyFacts::max_tokens`] is the largest of `max_tokens`,
-//! `max_completion_tokens`, `max_output_tokens`; [`BodyFacts::n`] the
+//! [`BodyFacts::max_tokens`] is whichever of `max_tokens`,
+//! `max_completion_tokens`, `max_output_tokens` the body sets (two set are
+//! refused: providers differ in which they obey); [`BodyFacts::n`] the
 //! largest of `n` and `best_of` (each a positive integer when present): the
 //! request may cost `max_tokens × n` output tokens. When the body bounds
 //! nothing, [`BodyFacts::max_tokens_field`] names the field the gateway
-//! inserts the agent's limit under (see [`crate::rules::BodyPlan`] and
-//! [`crate::rewrite::insert_field`]).
+//! inserts the agent's limit under by default; the field and value each
+//! attempt's target gets are decided per attempt ([`crate::output`]).
 
 use crate::decision::{Deny, DenyCode};
 use crate::endpoint::Endpoint;
 use crate::normalize::normalize_into;
+use crate::output::{LimitField, LimitFields};
 use crate::phrases::PhraseMatcher;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use std::fmt;
@@ -128,8 +130,13 @@ pub struct BodyFacts {
     /// Every tool the request gives the model, from every tool-bearing
     /// field, in body order (see the module docs for how each is named).
     pub tools: Vec<ToolUse>,
-    /// The largest of `max_tokens`, `max_completion_tokens`, `max_output_tokens`.
+    /// The output limit per completion: `max_tokens`, `max_completion_tokens`
+    /// or `max_output_tokens`, whichever the body sets (two are refused).
     pub max_tokens: Option<u64>,
+    /// The field that set [`BodyFacts::max_tokens`].
+    pub limit_field: Option<LimitField>,
+    /// Every output-limit field at the top level, numbers or `null`.
+    pub limit_fields: LimitFields,
     /// Where a max-tokens limit goes when the body sets none: the field
     /// present as `null`, if any (its value is to be replaced), else the
     /// endpoint's [`Endpoint::max_tokens_field`]. `None` for endpoints with
@@ -254,21 +261,35 @@ pub fn inspect_body(
     };
     let mut max_tokens = None;
     let mut null_field = None;
+    let mut limit_fields = LimitFields::default();
     for (field, v) in [
-        ("max_tokens", raw.max_tokens),
-        ("max_completion_tokens", raw.max_completion_tokens),
-        ("max_output_tokens", raw.max_output_tokens),
+        (LimitField::MaxTokens, raw.max_tokens),
+        (LimitField::MaxCompletionTokens, raw.max_completion_tokens),
+        (LimitField::MaxOutputTokens, raw.max_output_tokens),
     ] {
+        if v.is_some() {
+            limit_fields.insert(field);
+        }
         match v {
             None => {}
             Some(Kind::Null) => {
-                if let Some(other) = null_field.replace(field) {
+                if let Some(other) = null_field.replace(field.name()) {
                     return Err(invalid(format!(
                         "`{other}` and `{field}` are both null: set at most one of them"
                     )));
                 }
             }
-            Some(Kind::Number(Some(n))) => max_tokens = Some(max_tokens.unwrap_or(0).max(n)),
+            Some(Kind::Number(Some(n))) => {
+                // Two limits: which one a provider obeys differs (some take
+                // one, some the other, OpenAI's reasoning models refuse
+                // one); the gateway would judge one and the provider obey
+                // the other.
+                if let Some((other, _)) = max_tokens.replace((field, n)) {
+                    return Err(invalid(format!(
+                        "`{other}` and `{field}` are both set: send one output limit"
+                    )));
+                }
+            }
             Some(other) => {
                 return Err(invalid(format!(
                     "`{field}` must be a non-negative integer, got {}",
@@ -335,7 +356,9 @@ pub fn inspect_body(
         stream: matches!(raw.stream, Some(Kind::Bool(true))),
         messages,
         tools: declared.into_iter().map(|d| d.tool).collect(),
-        max_tokens,
+        max_tokens: max_tokens.map(|(_, n)| n),
+        limit_field: max_tokens.map(|(f, _)| f),
+        limit_fields,
         max_tokens_field: endpoint.max_tokens_field().map(|f| null_field.unwrap_or(f)),
         n,
         text_bytes: walk.scan.bytes,
@@ -1612,10 +1635,33 @@ mod tests {
     }
 
     #[test]
-    fn max_tokens_takes_the_largest_field() {
-        let f = chat(r#"{"model":"m","messages":[],"max_tokens":100,"max_completion_tokens":300}"#)
-            .unwrap();
-        assert_eq!(f.max_tokens, Some(300));
+    fn one_output_limit_is_read_and_two_are_refused() {
+        let f =
+            chat(r#"{"model":"m","messages":[],"max_completion_tokens":300,"max_tokens":null}"#)
+                .unwrap();
+        assert_eq!(
+            (f.max_tokens, f.limit_field),
+            (Some(300), Some(LimitField::MaxCompletionTokens))
+        );
+        assert_eq!(
+            f.limit_fields,
+            [LimitField::MaxTokens, LimitField::MaxCompletionTokens]
+                .into_iter()
+                .collect()
+        );
+        let d = chat(r#"{"model":"m","messages":[],"max_tokens":100,"max_completion_tokens":300}"#)
+            .unwrap_err();
+        assert_eq!(d.code, DenyCode::InvalidRequest);
+        assert!(
+            d.message
+                .contains("`max_tokens` and `max_completion_tokens` are both set"),
+            "{}",
+            d.message
+        );
+        // The same value twice is as ambiguous to the next reader.
+        assert!(
+            chat(r#"{"model":"m","messages":[],"max_output_tokens":5,"max_tokens":5}"#).is_err()
+        );
         assert_eq!(
             chat(r#"{"model":"m","messages":[],"max_tokens":null}"#)
                 .unwrap()

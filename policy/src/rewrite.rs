@@ -1,10 +1,12 @@
 //! Rewriting top-level fields of a JSON body that admission already
 //! validated: the `model`, for routes that rename the model per target
 //! ([`replace_model`]), and a field the gateway sets, such as the agent's
-//! max-tokens limit when the body has none ([`insert_field`]). Only the
-//! bytes of that one value change (or are added); everything else is copied
-//! as it was, so the provider sees the agent's body byte for byte apart
-//! from the rewritten field.
+//! output limit as the target reads it ([`insert_field`], [`remove_field`],
+//! [`apply_limit_edit`]). Only the bytes of that one member change (or are
+//! added or removed); everything else is copied as it was, so the provider
+//! sees the agent's body byte for byte apart from the rewritten field.
+
+use crate::output::LimitEdit;
 
 /// The body with its top-level `"model"` value replaced by `model`, or
 /// `None` if the body has no top-level `model` (or is not a JSON object).
@@ -58,8 +60,60 @@ pub fn insert_field<T: serde::Serialize + ?Sized>(
     Some(out)
 }
 
+/// The body without its top-level member `key` (and the comma that
+/// separated it); the body unchanged where there is no such member. `None`
+/// if the body is not a JSON object.
+pub fn remove_field(body: &[u8], key: &str) -> Option<Vec<u8>> {
+    let open = skip_ws(body, 0);
+    if body.get(open) != Some(&b'{') {
+        return None;
+    }
+    let Some((key_start, _, end)) = top_level_member(body, key) else {
+        return Some(body.to_vec());
+    };
+    let after = skip_ws(body, end);
+    let (from, to) = if body.get(after) == Some(&b',') {
+        // `"k":v, "next"`: the member and its comma go.
+        (key_start, skip_ws(body, after + 1))
+    } else {
+        // The last member: the comma before it goes, if any.
+        let mut i = key_start;
+        while i > open + 1 && body[i - 1].is_ascii_whitespace() {
+            i -= 1;
+        }
+        match body.get(i.wrapping_sub(1)) {
+            Some(b',') if i > open + 1 => (i - 1, end),
+            _ => (key_start, end),
+        }
+    };
+    let mut out = Vec::with_capacity(body.len() - (to - from));
+    out.extend_from_slice(&body[..from]);
+    out.extend_from_slice(&body[to..]);
+    Some(out)
+}
+
+/// The body with an output-limit edit applied (see [`crate::output`]):
+/// each field in `edit.remove` removed, then `edit.set` set. `None` if the
+/// body is not a JSON object.
+pub fn apply_limit_edit(body: &[u8], edit: &LimitEdit) -> Option<Vec<u8>> {
+    let mut out = None::<Vec<u8>>;
+    for f in edit.remove.iter() {
+        out = Some(remove_field(out.as_deref().unwrap_or(body), f.name())?);
+    }
+    if let Some((f, v)) = edit.set {
+        out = Some(insert_field(out.as_deref().unwrap_or(body), f.name(), &v)?);
+    }
+    Some(out.unwrap_or_else(|| body.to_vec()))
+}
+
 /// Byte span of the value of top-level key `key` in a JSON object.
 fn top_level_value(b: &[u8], key: &str) -> Option<(usize, usize)> {
+    top_level_member(b, key).map(|(_, start, end)| (start, end))
+}
+
+/// Where top-level member `key` of a JSON object starts (its key's opening
+/// quote), and its value's byte span.
+fn top_level_member(b: &[u8], key: &str) -> Option<(usize, usize, usize)> {
     let mut i = skip_ws(b, 0);
     if b.get(i) != Some(&b'{') {
         return None;
@@ -76,6 +130,7 @@ fn top_level_value(b: &[u8], key: &str) -> Option<(usize, usize)> {
             b'"' => {}
             _ => return None,
         }
+        let key_start = i;
         let key_end = string_end(b, i)?;
         let raw_key = &b[i..key_end];
         let is_key = if raw_key.contains(&b'\\') {
@@ -90,7 +145,7 @@ fn top_level_value(b: &[u8], key: &str) -> Option<(usize, usize)> {
         i = skip_ws(b, i + 1);
         let value_end = value_end(b, i)?;
         if is_key {
-            return Some((i, value_end));
+            return Some((key_start, i, value_end));
         }
         i = value_end;
     }
@@ -209,7 +264,74 @@ mod tests {
         assert!(insert_field(b"  ", "n", &1).is_none());
     }
 
+    #[test]
+    fn removes_a_member_and_its_comma() {
+        let cases: [(&str, &str); 6] = [
+            (r#"{"max_tokens":1,"model":"m"}"#, r#"{"model":"m"}"#),
+            (
+                r#"{"model":"m", "max_tokens" : null }"#,
+                r#"{"model":"m" }"#,
+            ),
+            (
+                r#"{"model":"m","max_tokens":1,"x":2}"#,
+                r#"{"model":"m","x":2}"#,
+            ),
+            (r#" { "max_tokens" : [1] } "#, r#" {  } "#),
+            (
+                r#"{"model":"m","x":{"max_tokens":1}}"#,
+                r#"{"model":"m","x":{"max_tokens":1}}"#,
+            ),
+            (r#"{"max_tokens":1,"a":2}"#, r#"{"a":2}"#),
+        ];
+        for (body, want) in cases {
+            let out = remove_field(body.as_bytes(), "max_tokens").unwrap();
+            assert_eq!(String::from_utf8(out).unwrap(), want, "{body}");
+        }
+        assert!(remove_field(b"[1]", "max_tokens").is_none());
+    }
+
+    #[test]
+    fn a_limit_edit_renames_and_sets() {
+        use crate::output::{LimitEdit, LimitField::*};
+        let body = br#"{"model":"o3-mini","max_tokens":300,"messages":[]}"#;
+        let edit = LimitEdit {
+            remove: [MaxTokens].into_iter().collect(),
+            set: Some((MaxCompletionTokens, 300)),
+        };
+        assert_eq!(
+            apply_limit_edit(body, &edit).unwrap(),
+            br#"{"max_completion_tokens":300,"model":"o3-mini","messages":[]}"#
+        );
+        let only_remove = LimitEdit { set: None, ..edit };
+        assert_eq!(
+            apply_limit_edit(body, &only_remove).unwrap(),
+            br#"{"model":"o3-mini","messages":[]}"#
+        );
+    }
+
     proptest::proptest! {
+        #[test]
+        fn removed_fields_leave_valid_json_without_them(
+            key in "[a-z]{1,3}",
+            fields in proptest::collection::btree_map("[a-z]{1,3}", 0u32..9, 0..6),
+            pad in "[ \n\t]{0,3}",
+        ) {
+            let body = serde_json::to_string(&fields).unwrap()
+                .replace(',', &format!("{pad},{pad}"))
+                .replace(':', &format!("{pad}:{pad}"));
+            let body = format!("{pad}{body}{pad}");
+            let out = remove_field(body.as_bytes(), &key).unwrap();
+            let v: Value = serde_json::from_slice(&out).unwrap();
+            let mut want = fields.clone();
+            want.remove(&key);
+            proptest::prop_assert_eq!(v, serde_json::to_value(&want).unwrap());
+        }
+
+        #[test]
+        fn remove_never_panics(body in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            let _ = remove_field(&body, "max_tokens");
+        }
+
         #[test]
         fn inserted_fields_are_valid_json_with_one_copy(
             key in "[a-z_\"\\\\]{1,12}",

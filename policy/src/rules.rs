@@ -4,6 +4,7 @@
 use crate::body::{BodyFacts, ToolKind};
 use crate::decision::{Deny, DenyCode};
 use crate::endpoint::Endpoint;
+use crate::output::OutputLimit;
 use crate::pattern::PatternList;
 use crate::phrases::PhraseMatcher;
 use crate::store::{AdmitOutcome, Lease, Refusal, SlotTake, StateStore, WindowTake};
@@ -176,15 +177,15 @@ impl Verdict {
 /// let through.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BodyPlan {
-    /// A field to set before forwarding, `(name, value)`: the body bounds
-    /// no output tokens and the agent has a limit, so the limit (divided
-    /// among `n` completions) is written with
-    /// [`crate::rewrite::insert_field`] under the endpoint's field
-    /// ([`BodyFacts::max_tokens_field`]).
-    pub insert_max_tokens: Option<(&'static str, u64)>,
+    /// The body's output limit, and the agent's limit (divided among `n`
+    /// completions) to set when the body bounds no output tokens: written
+    /// per attempt under the field its target reads, capped at that
+    /// model's maximum ([`OutputLimit::edit`], [`crate::output`]).
+    pub output: OutputLimit,
     /// Output tokens the request may cost, to reserve from rate limits and
     /// budgets (pass as [`LimitRequest::max_tokens`]): its max_tokens (as
-    /// sent or inserted, else the budgets' `default_max_tokens`) times `n`.
+    /// sent or to be inserted, else the budgets' `default_max_tokens`)
+    /// times `n`. A target's cap only lowers what is sent.
     pub output_tokens: u64,
 }
 
@@ -248,9 +249,10 @@ impl AgentRules {
     /// dry-run, where the body goes unchanged.
     ///
     /// On success returns what the gateway must still do with the body
-    /// ([`BodyPlan`]): apply `insert_max_tokens` with
-    /// [`crate::rewrite::insert_field`] before forwarding, and reserve
-    /// `output_tokens` (as [`LimitRequest::max_tokens`]).
+    /// ([`BodyPlan`]): apply `output` per attempt ([`OutputLimit::edit`]
+    /// with the attempt's target, then
+    /// [`crate::rewrite::apply_limit_edit`]), and reserve `output_tokens`
+    /// (as [`LimitRequest::max_tokens`]).
     pub fn check_body(&self, facts: &BodyFacts, verdict: &mut Verdict) -> Result<BodyPlan, Deny> {
         let model = (!self.models.allows(&facts.model)).then(|| {
             Deny::new(
@@ -285,8 +287,8 @@ impl AgentRules {
                         "n = {n} completions cannot fit this agent's max_tokens limit of {max}"
                     ),
                 )),
-                Some(field) if !self.is_dry_run(DenyCode::MaxTokensExceeded) => {
-                    insert = Some((field, max / n));
+                Some(_) if !self.is_dry_run(DenyCode::MaxTokensExceeded) => {
+                    insert = Some(max / n);
                     None
                 }
                 _ => None,
@@ -296,10 +298,14 @@ impl AgentRules {
         verdict.judge(self, tokens)?;
         let per_choice = facts
             .max_tokens
-            .or(insert.map(|(_, v)| v))
+            .or(insert)
             .unwrap_or(self.budgets.default_max_tokens);
         let plan = BodyPlan {
-            insert_max_tokens: insert,
+            output: OutputLimit {
+                present: facts.limit_fields,
+                asked: facts.limit_field.zip(facts.max_tokens),
+                insert,
+            },
             output_tokens: per_choice.saturating_mul(n),
         };
         let messages = match (self.max_messages, facts.messages) {
@@ -624,20 +630,33 @@ mod tests {
         ] {
             let facts = crate::inspect_body(endpoint, body, None).unwrap();
             let first = plan(&r, &facts).unwrap();
-            let (field, value) = first.insert_max_tokens.unwrap();
-            let out = crate::rewrite::insert_field(body, field, &value).unwrap();
+            let field = crate::LimitField::from_name(facts.max_tokens_field.unwrap()).unwrap();
+            let target = crate::TargetOutput {
+                field,
+                max_output: None,
+                clamp_asked: false,
+            };
+            let edit = first.output.edit(&target).unwrap();
+            let out = crate::rewrite::apply_limit_edit(body, &edit).unwrap();
             let again = crate::inspect_body(endpoint, &out, None).unwrap();
             assert_eq!(again.output_tokens(), Some(first.output_tokens));
             assert!(again.output_tokens() <= r.max_tokens);
-            assert_eq!(plan(&r, &again).unwrap().insert_max_tokens, None);
+            let second = plan(&r, &again).unwrap();
+            assert_eq!(second.output.insert, None);
+            assert_eq!(second.output.edit(&target), None, "nothing left to change");
         }
     }
 
     #[test]
     fn max_tokens_times_n_must_fit_and_a_missing_limit_is_inserted() {
         let r = rules(); // max_tokens limit 100
-        let with = |max_tokens, n| BodyFacts {
+        let with = |max_tokens: Option<u64>, n| BodyFacts {
             max_tokens,
+            limit_field: max_tokens.map(|_| crate::LimitField::MaxTokens),
+            limit_fields: max_tokens
+                .map(|_| crate::LimitField::MaxTokens)
+                .into_iter()
+                .collect(),
             n,
             max_tokens_field: Some("max_tokens"),
             ..facts()
@@ -645,7 +664,11 @@ mod tests {
         assert_eq!(
             plan(&r, &with(Some(50), Some(2))).unwrap(),
             BodyPlan {
-                insert_max_tokens: None,
+                output: OutputLimit {
+                    asked: Some((crate::LimitField::MaxTokens, 50)),
+                    present: [crate::LimitField::MaxTokens].into_iter().collect(),
+                    insert: None
+                },
                 output_tokens: 100
             }
         );
@@ -662,7 +685,10 @@ mod tests {
         assert_eq!(
             plan(&r, &with(None, None)).unwrap(),
             BodyPlan {
-                insert_max_tokens: Some(("max_tokens", 100)),
+                output: OutputLimit {
+                    insert: Some(100),
+                    ..OutputLimit::default()
+                },
                 output_tokens: 100
             }
         );
@@ -671,7 +697,10 @@ mod tests {
         assert_eq!(
             plan(&r, &f).unwrap(),
             BodyPlan {
-                insert_max_tokens: Some(("max_output_tokens", 33)),
+                output: OutputLimit {
+                    insert: Some(33),
+                    ..OutputLimit::default()
+                },
                 output_tokens: 99
             }
         );
@@ -682,14 +711,14 @@ mod tests {
         // No field to bound (embeddings): nothing inserted.
         let mut f = with(None, None);
         f.max_tokens_field = None;
-        assert_eq!(plan(&r, &f).unwrap().insert_max_tokens, None);
+        assert_eq!(plan(&r, &f).unwrap().output.insert, None);
         // Dry-run: reported, the body left as it is.
         let mut dry = rules();
         dry.dry_run.insert(DenyCode::MaxTokensExceeded);
         assert_eq!(
             plan(&dry, &with(None, None)).unwrap(),
             BodyPlan {
-                insert_max_tokens: None,
+                output: OutputLimit::default(),
                 output_tokens: 1024
             }
         );
@@ -699,7 +728,7 @@ mod tests {
         assert_eq!(
             plan(&free, &with(None, Some(4))).unwrap(),
             BodyPlan {
-                insert_max_tokens: None,
+                output: OutputLimit::default(),
                 output_tokens: 4096
             }
         );

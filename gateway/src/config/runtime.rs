@@ -8,9 +8,11 @@ use crate::connections::ConnectionLimits;
 use crate::secret::Secret;
 use arc_swap::ArcSwapOption;
 use loopgate_breaker::{BreakerConfig, LoopConfig};
+use loopgate_policy::output::openai_needs_max_completion_tokens;
 use loopgate_policy::{
-    AgentKeys, AgentRules, Budgets, DenyCode, Endpoint, KeyDigest, KeyIndex, Limits, Mode,
-    NamePattern, PatternList, PhraseMatcher, RedAction, Thresholds, WatchdogConfig,
+    AgentKeys, AgentRules, Budgets, DenyCode, Endpoint, KeyDigest, KeyIndex, LimitField, Limits,
+    Mode, NamePattern, PatternList, PhraseMatcher, RedAction, TargetOutput, Thresholds,
+    WatchdogConfig,
 };
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -482,6 +484,9 @@ pub struct Target {
     pub weight: u32,
     /// Model name sent to this provider instead of the requested one.
     pub model: Option<String>,
+    /// The field this target reads a chat completion's output limit from
+    /// (its own setting, else its route's).
+    pub chat_limit_field: Option<LimitField>,
 }
 
 #[derive(Debug)]
@@ -492,6 +497,119 @@ pub struct Route {
     pub max_attempts: u32,
     /// No attempt starts after this long.
     pub max_total: Duration,
+    /// The config's model settings (shared by every route of a snapshot),
+    /// so each attempt judges its target with the config that admitted it.
+    pub models: Arc<ModelCatalog>,
+}
+
+impl Route {
+    /// What target `i` accepts as the output limit of a call to `model`
+    /// (the name it is sent), on `endpoint`, when the agent named `named`;
+    /// `None` for an endpoint without output. The field: for chat
+    /// completions the target's (or route's) setting, else the model's,
+    /// else `max_completion_tokens` for OpenAI's reasoning models on
+    /// `kind: openai`, else `max_tokens`; the endpoint's own field
+    /// elsewhere.
+    pub fn target_output(
+        &self,
+        i: usize,
+        endpoint: Endpoint,
+        model: &str,
+        named: &str,
+    ) -> Option<TargetOutput> {
+        let target = self.targets.get(i)?;
+        let info = self.models.find(model);
+        let field = match endpoint {
+            Endpoint::ChatCompletions => target
+                .chat_limit_field
+                .or(info.and_then(|m| m.chat_limit_field))
+                .unwrap_or(
+                    if target.provider.kind == ProviderKind::Openai
+                        && openai_needs_max_completion_tokens(model)
+                    {
+                        LimitField::MaxCompletionTokens
+                    } else {
+                        LimitField::MaxTokens
+                    },
+                ),
+            _ => LimitField::from_name(endpoint.max_tokens_field()?)?,
+        };
+        Some(TargetOutput {
+            field,
+            max_output: info.and_then(|m| m.max_output_tokens),
+            clamp_asked: model != named || info.is_some_and(|m| m.clamp_requested),
+        })
+    }
+}
+
+/// What the config says of one model (`models:`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    pub max_output_tokens: Option<u64>,
+    pub chat_limit_field: Option<LimitField>,
+    pub clamp_requested: bool,
+}
+
+/// Model settings by the name sent upstream: exact names first, then the
+/// longest matching prefix.
+#[derive(Debug, Default)]
+pub struct ModelCatalog {
+    exact: HashMap<String, ModelInfo, ahash::RandomState>,
+    /// Longest first.
+    prefixes: Vec<(String, ModelInfo)>,
+}
+
+impl ModelCatalog {
+    pub fn find(&self, model: &str) -> Option<&ModelInfo> {
+        self.exact.get(model).or_else(|| {
+            self.prefixes
+                .iter()
+                .find(|(p, _)| model.starts_with(p.as_str()))
+                .map(|(_, m)| m)
+        })
+    }
+}
+
+fn chat_limit_field(f: spec::ChatLimitField) -> LimitField {
+    match f {
+        spec::ChatLimitField::MaxTokens => LimitField::MaxTokens,
+        spec::ChatLimitField::MaxCompletionTokens => LimitField::MaxCompletionTokens,
+    }
+}
+
+fn build_models(
+    errs: &mut Errs,
+    models: &std::collections::BTreeMap<String, spec::ModelSpec>,
+) -> ModelCatalog {
+    let mut catalog = ModelCatalog::default();
+    for (name, m) in models {
+        let at = format!("models.{name}");
+        if m.max_output_tokens == Some(0) {
+            errs.push(format!("{at}.max_output_tokens"), "must be at least 1");
+        }
+        if m.clamp_requested == Some(true) && m.max_output_tokens.is_none() {
+            errs.push(
+                format!("{at}.clamp_requested"),
+                "needs max_output_tokens: there is nothing to clamp to",
+            );
+        }
+        let info = ModelInfo {
+            max_output_tokens: m.max_output_tokens.filter(|&n| n > 0),
+            chat_limit_field: m.max_tokens_field.map(chat_limit_field),
+            clamp_requested: m.clamp_requested.unwrap_or(false),
+        };
+        match NamePattern::parse(name) {
+            Ok(NamePattern::Exact(n)) => {
+                catalog.exact.insert(n, info);
+            }
+            Ok(NamePattern::Prefix(p)) => catalog.prefixes.push((p, info)),
+            Err(why) => errs.push(at, why),
+        }
+    }
+    catalog
+        .prefixes
+        .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+    catalog
 }
 
 /// The read-only request that tests a half-open breaker.
@@ -691,6 +809,7 @@ pub fn build(
         }
     }
 
+    let models = Arc::new(build_models(&mut errs, &spec.models));
     let mut routes = Routes::default();
     let mut seen_models: HashSet<String> = HashSet::new();
     for (i, r) in spec.routes.iter().enumerate() {
@@ -713,11 +832,27 @@ pub fn build(
             {
                 errs.push(format!("{at}.targets[{j}].model"), "must be a model name");
             }
+            let field = t.max_tokens_field.or(r.max_tokens_field);
             match providers.get(&t.provider) {
+                Some(p) if p.kind == ProviderKind::Anthropic && field.is_some() => {
+                    let at = match t.max_tokens_field {
+                        Some(_) => format!("{at}.targets[{j}].max_tokens_field"),
+                        None => format!("{at}.max_tokens_field"),
+                    };
+                    errs.push(
+                        at,
+                        format!(
+                            "provider `{}` is anthropic, which reads only `max_tokens`: \
+                             the setting is for chat completions on OpenAI-style providers",
+                            t.provider
+                        ),
+                    );
+                }
                 Some(p) => targets.push(Target {
                     provider: p.clone(),
                     weight: weight.max(1),
                     model: t.model.clone(),
+                    chat_limit_field: field.map(chat_limit_field),
                 }),
                 None if spec.providers.contains_key(&t.provider) => {} // error already reported
                 None => errs.push(
@@ -760,6 +895,7 @@ pub fn build(
             targets,
             max_attempts: max_attempts.clamp(1, 10),
             max_total: Duration::from_millis(max_total_ms),
+            models: models.clone(),
         });
         for (j, m) in r.models.iter().enumerate() {
             let path = format!("{at}.models[{j}]");
@@ -1622,9 +1758,11 @@ fn build_tool(
                 provider,
                 weight: 1,
                 model: None,
+                chat_limit_field: None,
             }],
             max_attempts: 1,
             max_total: Duration::from_secs(600),
+            models: Arc::default(),
         }),
         idempotency,
         expect_json,
@@ -1977,6 +2115,76 @@ agents:
         let e = build_str(&yaml).unwrap_err().join("\n");
         assert!(
             e.contains("routes[0].targets: targets of one route must all speak the same API"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn model_settings_decide_each_targets_output_field_and_maximum() {
+        let yaml = GOOD.replace(
+            "routes:\n",
+            "models:\n  \"o3*\": { max_output_tokens: 100000 }\n  o3-mini-tiny: { max_output_tokens: 10, max_tokens_field: max_tokens, clamp_requested: true }\nroutes:\n  - models: [o3-mini, o3-mini-tiny]\n    targets: [ { provider: oa }, { provider: local, model: o3-mini, max_tokens_field: max_completion_tokens } ]\n",
+        );
+        let c = build_str(&yaml).unwrap();
+        let (_, r) = c.routes.find("o3-mini").unwrap();
+        let out = |i, model: &str, named: &str| {
+            r.target_output(i, Endpoint::ChatCompletions, model, named)
+                .unwrap()
+        };
+        // kind: openai and a reasoning model: max_completion_tokens; the
+        // longest matching model entry gives the maximum.
+        let o = out(0, "o3-mini", "o3-mini");
+        assert_eq!(
+            (o.field, o.max_output, o.clamp_asked),
+            (LimitField::MaxCompletionTokens, Some(100_000), false)
+        );
+        let o = out(0, "o3-mini-tiny", "o3-mini-tiny");
+        assert_eq!(
+            (o.field, o.max_output, o.clamp_asked),
+            (LimitField::MaxTokens, Some(10), true)
+        );
+        // The target's setting wins; a model the agent did not name is clamped.
+        let o = out(1, "o3-mini", "o3-mini-tiny");
+        assert_eq!(
+            (o.field, o.clamp_asked),
+            (LimitField::MaxCompletionTokens, true)
+        );
+        // gpt-4o on openai reads max_tokens; Responses reads its own field.
+        let (_, r) = c.routes.find("gpt-4o").unwrap();
+        let o = r
+            .target_output(0, Endpoint::ChatCompletions, "gpt-4o", "gpt-4o")
+            .unwrap();
+        assert_eq!((o.field, o.max_output), (LimitField::MaxTokens, None));
+        let o = r.target_output(0, Endpoint::Responses, "o3", "o3").unwrap();
+        assert_eq!(o.field, LimitField::MaxOutputTokens);
+        assert!(r
+            .target_output(0, Endpoint::Embeddings, "gpt-4o", "gpt-4o")
+            .is_none());
+
+        let bad = GOOD.replace(
+            "routes:\n",
+            "models:\n  a: { max_output_tokens: 0 }\n  b: { clamp_requested: true }\n  \"c*d\": {}\nroutes:\n",
+        );
+        let e = build_str(&bad).unwrap_err().join("\n");
+        for want in [
+            "t.yaml: models.a.max_output_tokens: must be at least 1",
+            "t.yaml: models.b.clamp_requested: needs max_output_tokens",
+            "t.yaml: models.c*d:",
+        ] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        let bad = GOOD
+            .replace(
+                "providers:\n",
+                "providers:\n  an: { kind: anthropic, base_url: \"https://x\", api_key_env: SET }\n",
+            )
+            .replace(
+                "routes:\n",
+                "routes:\n  - models: [claude]\n    targets: [ { provider: an } ]\n    max_tokens_field: max_completion_tokens\n",
+            );
+        let e = build_str(&bad).unwrap_err().join("\n");
+        assert!(
+            e.contains("t.yaml: routes[0].max_tokens_field: provider `an` is anthropic"),
             "{e}"
         );
     }

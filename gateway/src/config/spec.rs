@@ -23,6 +23,11 @@ pub struct ConfigSpec {
     pub providers: BTreeMap<String, ProviderSpec>,
     #[serde(default)]
     pub routes: Vec<RouteSpec>,
+    /// What the gateway knows of the models it sends upstream, by the name
+    /// sent (after a target's rename): exact, or `prefix*` (the longest
+    /// prefix wins).
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelSpec>,
     /// HTTP tool upstreams, served at `/tools/{tool}/{path}`.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolSpec>,
@@ -426,6 +431,46 @@ pub struct RouteSpec {
     pub targets: Vec<TargetSpec>,
     #[serde(default)]
     pub retry: Option<RetrySpec>,
+    /// The field this route's servers read a chat completion's output limit
+    /// from, for every target (a target's own setting wins). Default: the
+    /// model's setting, else by provider kind and model (see `ModelSpec`).
+    #[serde(default)]
+    pub max_tokens_field: Option<ChatLimitField>,
+}
+
+/// The field that carries a chat completion's output limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatLimitField {
+    /// Read by every OpenAI-compatible server; refused by OpenAI's
+    /// reasoning models.
+    MaxTokens,
+    /// Required by OpenAI's reasoning models; unknown to some
+    /// OpenAI-compatible servers, which then ignore the limit.
+    MaxCompletionTokens,
+}
+
+/// What the gateway knows of one model.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// The model's own output maximum, in tokens per completion. A limit
+    /// the gateway inserts is capped at it, and so is an agent's own value
+    /// where the gateway chose this model (a target's rename, a fallback, a
+    /// watchdog degrade). Default: unknown (no cap).
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    /// The field a chat completion's output limit is sent in to this model.
+    /// Default: `max_completion_tokens` on `kind: openai` providers for
+    /// OpenAI's reasoning models (`o1`, `o3`, `o4`, `gpt-5` families),
+    /// `max_tokens` otherwise. A route's or target's setting wins.
+    #[serde(default)]
+    pub max_tokens_field: Option<ChatLimitField>,
+    /// Cap an agent's own output limit at `max_output_tokens` also when
+    /// the agent named this model (it cannot produce more anyway; without
+    /// this the provider's own 400 answers). Default false.
+    #[serde(default)]
+    pub clamp_requested: Option<bool>,
 }
 
 /// How hard a route tries before giving up. Fallback happens only before
@@ -451,6 +496,10 @@ pub struct TargetSpec {
     /// Send this model name to the provider instead of the requested one.
     #[serde(default)]
     pub model: Option<String>,
+    /// The field this target reads a chat completion's output limit from
+    /// (overrides the route's and the model's).
+    #[serde(default)]
+    pub max_tokens_field: Option<ChatLimitField>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -13,6 +13,8 @@
 //! | `x-mock-gzip: 1` | gzip JSON answers (`Content-Encoding: gzip`), asked for or not |
 //! | `x-mock-response-header: name: value` | add this header to the answer (repeatable) |
 //! | `x-mock-upgrade: 1` | answer `101 Switching Protocols` |
+//! | `x-mock-strict: 1` | refuse output limits the real provider refuses (see [`super::strict`]); `0` turns `--strict` off |
+//! | `x-mock-max-output: 4096` | with strict: the model's output maximum, instead of the mock's table |
 
 use http::HeaderMap;
 
@@ -26,6 +28,10 @@ pub struct Faults {
     pub reset_after: Option<usize>,
     pub body: Option<String>,
     pub upgrade: bool,
+    /// Refuse output limits as the providers do ([`super::strict`]).
+    pub strict: bool,
+    /// With `strict`: the output maximum of every model, instead of the table.
+    pub max_output: Option<u64>,
 }
 
 /// What the mock adds to every answer of one request (a hostile or broken
@@ -63,6 +69,8 @@ impl Default for Faults {
             reset_after: None,
             body: None,
             upgrade: false,
+            strict: false,
+            max_output: None,
         }
     }
 }
@@ -100,6 +108,14 @@ impl Faults {
             .is_some_and(|v| v.as_bytes() == b"1")
         {
             f.upgrade = true;
+        }
+        match headers.get("x-mock-strict").map(|v| v.as_bytes()) {
+            Some(b"1") => f.strict = true,
+            Some(b"0") => f.strict = false,
+            _ => {}
+        }
+        if let Some(v) = num(headers, "x-mock-max-output") {
+            f.max_output = Some(v);
         }
         if let Some(b) = headers.get("x-mock-body").and_then(|v| v.to_str().ok()) {
             f.body = Some(b.to_string());

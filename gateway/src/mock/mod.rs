@@ -5,9 +5,13 @@
 //! models, non-streaming and as real SSE in each provider's format with a
 //! final usage. Faults are injected per request with `x-mock-*` headers, or
 //! for every request from the command line (see [`Faults`]). It records the
-//! last requests it received (headers, body length and SHA-256) at
-//! `GET /_mock/requests`, so tests can see exactly what reached a provider,
+//! last requests it received (headers, body length and SHA-256, and the
+//! body itself up to 128 KiB) at `GET /_mock/requests`, so tests can see
+//! exactly what reached a provider,
 //! and counts accepted connections and requests at `GET /_mock/stats`.
+//!
+//! With `--strict` (or `x-mock-strict: 1`) it refuses output limits as the
+//! real providers do ([`strict`]).
 //!
 //! Any path under `/echo` acts as a generic HTTP tool that echoes the
 //! method, path, query and body digest it received.
@@ -18,6 +22,7 @@
 mod faults;
 mod mcp;
 mod responses;
+mod strict;
 
 pub use faults::Faults;
 
@@ -35,6 +40,8 @@ use std::time::Duration;
 
 /// How many received requests the mock remembers.
 const RECORD_LIMIT: usize = 1000;
+/// Bodies up to this size are recorded whole.
+const RECORD_BODY_LIMIT: usize = 128 * 1024;
 
 #[derive(Debug, Clone, Default)]
 pub struct MockOptions {
@@ -50,6 +57,8 @@ struct Recorded {
     headers: Vec<(String, String)>,
     body_len: usize,
     body_sha256: String,
+    /// The body as text, when it is at most [`RECORD_BODY_LIMIT`] bytes.
+    body: Option<String>,
 }
 
 pub struct MockState {
@@ -91,6 +100,7 @@ impl MockState {
                 "headers": r.headers.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
                 "body_len": r.body_len,
                 "body_sha256": r.body_sha256,
+                "body": r.body,
             })).collect::<Vec<_>>()
         })
     }
@@ -249,6 +259,8 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
             .collect(),
         body_len: body.len(),
         body_sha256: hex::encode(Sha256::digest(&body)),
+        body: (body.len() <= RECORD_BODY_LIMIT)
+            .then(|| String::from_utf8_lossy(&body).into_owned()),
     });
 
     if faults.latency_ms > 0 {
@@ -311,6 +323,11 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
         let body = responses::error_body(anthropic, 400, "body must be a JSON object");
         return write_json(session, 400, &body, &[]).await;
     };
+    if faults.strict {
+        if let Some((status, refusal)) = strict::refusal(endpoint, &req_json, faults.max_output) {
+            return write_json(session, status, &refusal, &[]).await;
+        }
+    }
     let exchange = responses::Exchange::new(endpoint, &req_json, body.len(), faults.chunks);
     if req_json.get("stream").and_then(Value::as_bool) == Some(true)
         && endpoint != responses::Endpoint::Embeddings

@@ -38,8 +38,8 @@ pub struct Admission {
     /// The body was read and judged here (model calls and MCP POSTs
     /// always; tool calls only under idempotency, which hashes it).
     pub body_read: bool,
-    /// Admission changed the body (an output limit set, a degraded model):
-    /// every attempt sends the judged bytes, not Pingora's replay.
+    /// Admission changed the body (a degraded model): every attempt sends
+    /// the judged bytes, not Pingora's replay.
     pub body_rewritten: bool,
     /// What is particular to the kind of call.
     pub plan: Plan,
@@ -62,6 +62,8 @@ pub struct ModelPlan {
     pub degraded_from: Option<String>,
     /// Output tokens a stream may produce before its budget is spent.
     pub budget_room: Option<u64>,
+    /// The body's output limit, written per attempt for its target.
+    pub output: loopgate_policy::OutputLimit,
 }
 
 #[derive(Debug)]
@@ -154,12 +156,13 @@ pub struct RequestCtx {
     pub bytes_in: usize,
     /// An event stream is being relayed (counted in `loopgate_active_streams`).
     pub streaming: bool,
-    /// The body as judged, kept when a target renames the model.
+    /// The body as judged, kept for model calls (a target may rename the
+    /// model or need the output limit in another field or lower).
     pub original_body: Option<bytes::Bytes>,
     /// Every attempt sends `original_body` (admission rewrote it).
     pub send_original: bool,
     /// The body this attempt sends when it differs from what Pingora
-    /// replays (renamed model, or the large-body subrequest).
+    /// replays (renamed model, output limit, or the large-body subrequest).
     pub attempt_body: Option<bytes::Bytes>,
     /// A refused body is still arriving: read it off before closing.
     pub intake: super::buffers::BodyIntake,

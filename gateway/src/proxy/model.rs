@@ -1,7 +1,8 @@
 //! The rules of model calls (the API endpoints): headers, then the body
 //! read whole and judged (model, phrases, output limit, tools the model
 //! is given), then the route. And the watchdog's degrade: the same call
-//! sent to a cheaper model's route.
+//! sent to a cheaper model's route. The output limit is written per
+//! attempt, for its target ([`output_edit`]).
 
 use super::admit::{read_body, Answer, Caller, FailMode, Judged, Judgement};
 use super::ctx::{ModelPlan, Plan, RequestCtx};
@@ -42,20 +43,9 @@ pub async fn judge(
         .into());
     }
     let plan = rules.check_body(&facts, verdict)?;
-    // An agent that set no output limit gets its own: the provider's
-    // default can be far above it. The body changes, so every attempt
-    // sends ours.
-    let mut body = body;
-    let mut rewritten = false;
-    if let Some((field, limit)) = plan.insert_max_tokens {
-        let Some(with) = loopgate_policy::rewrite::insert_field(&body, field, &limit) else {
-            return Err(GatewayError::Internal("cannot set the output limit".into()));
-        };
-        body = Bytes::from(with);
-        rewritten = true;
-    }
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
-    // The loop guard fingerprints the whole body; parsed only when a task
+    // The loop guard fingerprints the whole body (as the agent sent it:
+    // the output limit is written per attempt); parsed only when a task
     // is guarded.
     let guarded = caller.task.is_some() && caller.cfg.guards[caller.agent_idx].loops.is_some();
     let loop_call = match guarded {
@@ -71,7 +61,7 @@ pub async fn judge(
         route,
         body,
         body_read: true,
-        body_rewritten: rewritten,
+        body_rewritten: false,
         // Model calls have no fail_mode: what cannot be decided is refused.
         fail: FailMode::new(false),
         estimated_prompt: facts.estimated_prompt_tokens(),
@@ -88,6 +78,7 @@ pub async fn judge(
             stream: facts.stream,
             degraded_from: None,
             budget_room: None,
+            output: plan.output,
         }),
     })))
 }
@@ -133,4 +124,39 @@ pub fn degrade(caller: &Caller<'_>, j: &mut Judged, to: &str) -> Result<bool, Ga
     j.route = route;
     m.degraded_from = Some(std::mem::replace(&mut m.model, to.to_string()));
     Ok(true)
+}
+
+/// The body attempt `target` of an admitted model call sends, when it
+/// differs from `base` (the judged body): the target's model name, and the
+/// output limit under the field the target reads, capped at its model's
+/// maximum (see `loopgate_policy::output`). `Err` when the body cannot be
+/// rewritten (it was judged a JSON object, so never in practice).
+pub fn attempt_body(
+    route: &Route,
+    target: usize,
+    plan: &ModelPlan,
+    base: &Bytes,
+) -> Result<Option<Bytes>, GatewayError> {
+    let rename = route.targets.get(target).and_then(|t| t.model.as_deref());
+    if rename.is_none() && plan.output == loopgate_policy::OutputLimit::default() {
+        // No limit in the body and none to set: nothing to look up.
+        return Ok(None);
+    }
+    let sent = rename.unwrap_or(&plan.model);
+    let named = plan.degraded_from.as_deref().unwrap_or(&plan.model);
+    let edit = route
+        .target_output(target, plan.endpoint, sent, named)
+        .and_then(|t| plan.output.edit(&t));
+    if rename.is_none() && edit.is_none() {
+        return Ok(None);
+    }
+    let cannot = || GatewayError::Internal("cannot rewrite the body for this target".into());
+    let mut body = match rename {
+        Some(model) => replace_model(base, model).ok_or_else(cannot)?,
+        None => base.to_vec(),
+    };
+    if let Some(edit) = edit {
+        body = loopgate_policy::rewrite::apply_limit_edit(&body, &edit).ok_or_else(cannot)?;
+    }
+    Ok(Some(Bytes::from(body)))
 }

@@ -109,8 +109,9 @@ impl Gateway {
             // agent's original, so every attempt sends ours.
             ctx.original_body = Some(body.clone());
             ctx.send_original = true;
-        } else if adm.route.targets.iter().any(|t| t.model.is_some()) {
-            // Targets rename the model: each attempt rewrites the judged body.
+        } else if adm.model().is_some() {
+            // A target may rename the model or need the output limit
+            // written its way: each attempt rewrites the judged body.
             ctx.original_body = Some(body.clone());
         }
         ctx.admitted = Some(adm.clone());

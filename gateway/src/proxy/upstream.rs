@@ -11,9 +11,7 @@ use super::failure::{
 };
 use super::{large_body, respond, routing, Gateway};
 use crate::error::GatewayError;
-use bytes::Bytes;
 use loopgate_breaker::FailureKind;
-use loopgate_policy::replace_model;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType};
@@ -78,11 +76,13 @@ impl Gateway {
         // judged body of a large-body subrequest, or Pingora's own replay.
         let injected = large_body::injected(ctx).cloned();
         let base = injected.clone().or_else(|| ctx.original_body.clone());
-        ctx.attempt_body = match (&route.targets[target].model, base) {
-            (Some(model), Some(base)) => match replace_model(&base, model) {
-                Some(renamed) => Some(Bytes::from(renamed)),
-                None => Some(base),
-            },
+        let for_target = match (adm.model(), &base) {
+            (Some(plan), Some(base)) => super::model::attempt_body(route, target, plan, base)
+                .map_err(|e| answer(GATEWAY_FAULT, e))?,
+            _ => None,
+        };
+        ctx.attempt_body = match (for_target, base) {
+            (Some(body), _) => Some(body),
             (None, base) if injected.is_some() || ctx.send_original => base,
             _ => None,
         };
