@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The agent key the test configs accept for agent `tester`.
@@ -83,6 +83,9 @@ impl Drop for Proc {
 /// The mock provider (`loopgate mock`) on a kernel-chosen port.
 pub struct Mock {
     pub addr: SocketAddr,
+    /// Connections this harness opened to the mock's own `/_mock/*`
+    /// endpoints, so [`Mock::connections`] can tell the gateway's apart.
+    control: AtomicU64,
     _proc: Proc,
 }
 
@@ -113,6 +116,7 @@ impl Mock {
             .expect("mock address");
         Mock {
             addr,
+            control: AtomicU64::new(0),
             _proc: Proc(child),
         }
     }
@@ -121,11 +125,53 @@ impl Mock {
         format!("http://{}", self.addr)
     }
 
-    /// Every request the mock received, oldest first.
+    /// One of the mock's own endpoints (`/_mock/...`), on a connection
+    /// of its own that [`Mock::connections`] leaves out.
+    fn control(&self, path: &str) -> Value {
+        self.control.fetch_add(1, Ordering::SeqCst);
+        let r = curl(&[&format!("{}{path}", self.url())]);
+        assert_eq!(r.status, 200, "mock {path}: {}", r.text());
+        r.json()
+    }
+
+    /// Every request the mock received, oldest first (read whole: the
+    /// mock records a request once it has its header and its whole body).
+    /// An answer without the list fails: it is not an empty list.
     pub fn requests(&self) -> Vec<Value> {
-        let r = curl(&[&format!("{}/_mock/requests", self.url())]);
-        assert_eq!(r.status, 200, "mock requests: {}", r.text());
-        r.json()["requests"].as_array().cloned().unwrap_or_default()
+        let v = self.control("/_mock/requests");
+        match v.get("requests") {
+            Some(Value::Array(a)) => a.clone(),
+            _ => panic!("the mock's /_mock/requests has no `requests` list: {v}"),
+        }
+    }
+
+    /// Connections anything but this harness opened to the mock: the
+    /// gateway's. Unlike [`Mock::requests`] it counts a request forwarded
+    /// with framing the mock could not parse or a body that never ended,
+    /// so "nothing reached the upstream" is this staying where it was
+    /// (with no idle pooled connection the gateway could reuse).
+    pub fn connections(&self) -> u64 {
+        self.stat("connections")
+    }
+
+    /// Request heads anything but this harness sent the mock, counted when
+    /// the mock has read the head, before the body: a request forwarded
+    /// with a body that never ended counts here, pooled connection or not.
+    pub fn heads(&self) -> u64 {
+        self.stat("heads")
+    }
+
+    /// One `/_mock/stats` count, less the harness's own connections (each
+    /// carries one request).
+    fn stat(&self, name: &str) -> u64 {
+        let v = self.control("/_mock/stats");
+        let all = v[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("the mock's /_mock/stats has no `{name}` count: {v}"));
+        let ours = self.control.load(Ordering::SeqCst);
+        all.checked_sub(ours).unwrap_or_else(|| {
+            panic!("the mock counted {name} {all}, the harness made {ours}: {v}")
+        })
     }
 
     pub fn last_request(&self) -> Value {
@@ -261,14 +307,39 @@ impl Gateway {
     }
 
     /// The value of one sample on the admin `/metrics` page, e.g.
-    /// `loopgate_denials_total{code="rate_limited"}`; 0 when absent.
+    /// `loopgate_denials_total{code="rate_limited"}`. A sample that is not
+    /// on the page fails the test: absent is not zero (a renamed metric or
+    /// label would otherwise read as "nothing happened").
     pub fn metric(&self, sample: &str) -> f64 {
+        self.metric_or_absent(sample).unwrap_or_else(|| {
+            panic!("no sample `{sample}` on /metrics (absent is not 0: use metric_or_absent where absent is meant)")
+        })
+    }
+
+    /// As [`Gateway::metric`], `None` when the page has no such sample:
+    /// for a test that means "not counted yet" (a labelled counter appears
+    /// on its first increment).
+    pub fn metric_or_absent(&self, sample: &str) -> Option<f64> {
         let r = curl(&[&self.admin_url("/metrics")]);
         assert_eq!(r.status, 200, "metrics: {}", r.text());
-        r.text()
-            .lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0.0)
+        let text = r.text();
+        let mut found = None;
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            // The whole series name, then one space and the value.
+            let Some(value) = l.strip_prefix(sample).and_then(|v| v.strip_prefix(' ')) else {
+                continue;
+            };
+            let v: f64 = value
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("sample `{sample}`: value {value:?} ({e})"));
+            assert!(
+                found.is_none(),
+                "sample `{sample}` appears twice on /metrics"
+            );
+            found = Some(v);
+        }
+        found
     }
 }
 
@@ -394,25 +465,112 @@ impl Resp {
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
 
-    /// Asserts Loopgate's structured error with this status and code.
+    /// Asserts Loopgate's structured error with this status and code,
+    /// OpenAI-shaped (every path but `/mcp`).
     pub fn assert_gateway_error(&self, status: u16, code: &str) {
-        assert_eq!(self.status, status, "body: {}", self.text());
-        assert_eq!(self.header("x-loopgate-error"), Some(code), "{self:?}");
-        let v = self.json();
-        let e = &v["error"];
-        assert_eq!(e["code"], code, "{v}");
-        assert!(e["type"].is_string(), "{v}");
-        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
-        assert!(e["retryable"].is_boolean(), "{v}");
-        let rid = e["request_id"].as_str().expect("request_id");
-        assert!(!rid.is_empty());
-        assert_eq!(self.header("x-request-id"), Some(rid));
+        self.assert_error(status, code, &Wire::Json);
+    }
+
+    /// Asserts Loopgate's JSON-RPC error (every refusal on `/mcp`) with
+    /// this HTTP status and code, answering message `id` (`null` before
+    /// the body was judged).
+    pub fn assert_rpc_error(&self, status: u16, id: Value, code: &str) {
+        self.assert_error(status, code, &Wire::Rpc(id));
+    }
+
+    /// The one check of a refusal the gateway wrote, in either wire
+    /// format: the status, `x-loopgate-error`, `application/json`, a
+    /// non-empty message, `retryable` a boolean, and the body's
+    /// `request_id` equal to `x-request-id`; then what the format adds.
+    /// Returns the error object (`error`, or the JSON-RPC `error`).
+    pub fn assert_error(&self, status: u16, code: &str, wire: &Wire) -> Value {
+        assert_eq!(self.status, status, "{code}: {self:?} {}", self.text());
+        assert_eq!(
+            self.header("x-loopgate-error"),
+            Some(code),
+            "{self:?} {}",
+            self.text()
+        );
         assert_eq!(
             self.header("content-type"),
             Some("application/json"),
             "{self:?}"
         );
+        let v = self.json();
+        let (error, data) = match wire {
+            Wire::Json => {
+                let e = v["error"].clone();
+                assert_eq!(e["code"], code, "{v}");
+                assert!(
+                    e["type"].as_str().is_some_and(|t| !t.is_empty()),
+                    "error.type: {v}"
+                );
+                (e.clone(), e)
+            }
+            Wire::Rpc(id) | Wire::RpcBatch(id) => {
+                let one = match (wire, &v) {
+                    (Wire::RpcBatch(_), Value::Array(a)) => {
+                        assert_eq!(a.len(), 1, "one error answers a refused batch: {v}");
+                        a[0].clone()
+                    }
+                    (Wire::RpcBatch(_), _) => panic!("a refused batch answers an array: {v}"),
+                    (_, Value::Object(_)) => v.clone(),
+                    _ => panic!("one JSON-RPC error object: {v}"),
+                };
+                assert_eq!(one["jsonrpc"], "2.0", "{v}");
+                assert_eq!(&one["id"], id, "the refused message's id: {v}");
+                assert!(one.get("result").is_none(), "{v}");
+                let e = one["error"].clone();
+                let rpc = e["code"]
+                    .as_i64()
+                    .unwrap_or_else(|| panic!("error.code: {v}"));
+                // The codes JSON-RPC reserves, where one names the refusal.
+                let reserved = match code {
+                    "invalid_json" => Some(-32700),
+                    "invalid_request" | "bad_request" => Some(-32600),
+                    "internal_error" => Some(-32603),
+                    _ => None,
+                };
+                match reserved {
+                    Some(want) => assert_eq!(rpc, want, "{code}: {v}"),
+                    // A method outside the grant (-32601), or a method the
+                    // endpoint does not take over HTTP (-32600).
+                    None if code == "method_not_allowed" => {
+                        assert!(rpc == -32601 || rpc == -32600, "{v}")
+                    }
+                    // Every other refusal: the implementation-defined range.
+                    None => assert!((-32099..=-32000).contains(&rpc), "{v}"),
+                }
+                let data = e["data"].clone();
+                assert_eq!(data["loopgate_code"], code, "{v}");
+                (e, data)
+            }
+        };
+        assert!(
+            error["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "error.message: {v}"
+        );
+        assert!(data["retryable"].is_boolean(), "retryable: {v}");
+        let rid = data["request_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("request_id: {v}"));
+        assert!(!rid.is_empty(), "{v}");
+        assert_eq!(self.header("x-request-id"), Some(rid), "{self:?}");
+        error
     }
+}
+
+/// How the gateway writes a refusal (see [`Resp::assert_error`]).
+#[derive(Debug, Clone)]
+pub enum Wire {
+    /// `{"error":{"code","type","message","retryable","request_id"}}`.
+    Json,
+    /// `{"jsonrpc":"2.0","id":..,"error":{"code":..,"message":..,
+    /// "data":{"loopgate_code","retryable","request_id"}}}` answering the
+    /// message with this id.
+    Rpc(Value),
+    /// As [`Wire::Rpc`], the one error (in an array) answering a batch.
+    RpcBatch(Value),
 }
 
 /// Runs curl with `args` (plus `-s -i`, and a 30 s limit) and parses its output.
