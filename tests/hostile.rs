@@ -464,21 +464,61 @@ fn an_idempotency_key_is_bound_to_its_method_path_and_query() {
 #[test]
 fn the_gateways_own_failures_never_open_a_shared_breaker() {
     let mock = Mock::start();
-    let gw = Gateway::start(&config(&mock));
-    // A target too long to rebuild under the tool's base path.
+    // Every call of agent `bulk` fails inside the gateway after routing:
+    // its peer chosen and the shared `oa` breaker's ticket taken (3
+    // consecutive failures would open it for everyone).
+    let gw = Gateway::start_with_env(
+        &config(&mock),
+        &[("LOOPGATE_TEST_FAULT", "upstream_request_filter:bulk")],
+    );
+    let as_bulk = || {
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {BULK_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{CHAT}",
+            CHAT.len()
+        );
+        raw(gw.addr, req.as_bytes())
+    };
+    for _ in 0..6 {
+        // The gateway's failure, retryable, never the provider's: were it
+        // counted, the fourth would be refused 503 circuit_open.
+        let r = as_bulk();
+        r.assert_gateway_error(500, "internal_error");
+        assert_eq!(r.json()["error"]["retryable"], true, "{}", r.text());
+        assert_eq!(r.json()["error"]["type"], "gateway_error", "{}", r.text());
+    }
+    assert_eq!(
+        received(&mock),
+        0,
+        "nothing of the failed calls went upstream"
+    );
+    // Every breaker is still closed for everyone: no transition at all.
+    still_serves(&gw);
+    assert_eq!(received(&mock), 1);
+    let metrics = curl(&[
+        &gw.admin_url("/metrics"),
+        "-H",
+        &format!("Authorization: Bearer {ADMIN_TOKEN}"),
+    ]);
+    assert_eq!(metrics.status, 200);
+    assert!(
+        !metrics
+            .text()
+            .contains("loopgate_breaker_transitions_total{"),
+        "{}",
+        metrics.text()
+    );
+    // Requests refused before routing take no ticket at all: a target too
+    // long to rebuild under the tool's base path, a model name no header
+    // can carry.
     let long = format!("/tools/weather/v1/forecast?q={}", "a".repeat(65_400));
     for _ in 0..5 {
-        let r = raw(gw.addr, &get_req(&long, ""));
-        assert_eq!(r.status, 400, "{r:?}");
+        raw(gw.addr, &get_req(&long, "")).assert_gateway_error(400, "invalid_request");
     }
-    // A model name no header can carry (the watchdog echoes it).
     let bad_model = r#"{"model":"gpt-4o-mini\u0001","messages":[{"role":"user","content":"hi"}]}"#;
     for _ in 0..5 {
-        let r = raw(gw.addr, &post_req("/v1/chat/completions", "", bad_model));
-        assert_eq!(r.status, 400, "{r:?}");
+        raw(gw.addr, &post_req("/v1/chat/completions", "", bad_model))
+            .assert_gateway_error(400, "invalid_request");
     }
-    assert_eq!(received(&mock), 0);
-    // Every breaker is still closed for everyone.
     let ok = raw(gw.addr, &get_req("/tools/weather/v1/forecast", ""));
     assert_eq!(ok.status, 200);
     still_serves(&gw);

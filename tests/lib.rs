@@ -253,6 +253,12 @@ impl Gateway {
     /// are replaced by free ports. Retries on fresh ports if another process
     /// took one meanwhile.
     pub fn start(yaml: &str) -> Gateway {
+        Gateway::start_with_env(yaml, &[])
+    }
+
+    /// As [`Gateway::start`], with these environment variables set too
+    /// (e.g. the test-only `LOOPGATE_TEST_FAULT`).
+    pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Gateway {
         let dir = scratch_dir("gw");
         // Every test gateway has an admin listener (metrics, reload).
         let yaml = if yaml.contains("{ADMIN_PORT}") {
@@ -276,6 +282,7 @@ impl Gateway {
                 .env("LOOPGATE_TEST_TOOL_KEY", TOOL_KEY)
                 .env("LOOPGATE_TEST_BAD_KEY", BAD_KEY)
                 .env("RUST_LOG", "warn")
+                .envs(env.iter().copied())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
                 .spawn()
@@ -440,12 +447,22 @@ fn listener_on(port: u16, pid: u32) -> Listener {
     }
 }
 
-/// A response as curl saw it.
-#[derive(Debug)]
+/// A response as curl (or a raw socket) saw it.
 pub struct Resp {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+}
+
+/// The body as text: a failing assertion shows what was answered.
+impl std::fmt::Debug for Resp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resp")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("body", &self.text())
+            .finish()
+    }
 }
 
 impl Resp {
