@@ -329,25 +329,30 @@ impl Gateway {
     pub fn metric_or_absent(&self, sample: &str) -> Option<f64> {
         let r = curl(&[&self.admin_url("/metrics")]);
         assert_eq!(r.status, 200, "metrics: {}", r.text());
-        let text = r.text();
-        let mut found = None;
-        for l in text.lines().filter(|l| !l.starts_with('#')) {
-            // The whole series name, then one space and the value.
-            let Some(value) = l.strip_prefix(sample).and_then(|v| v.strip_prefix(' ')) else {
-                continue;
-            };
-            let v: f64 = value
-                .trim()
-                .parse()
-                .unwrap_or_else(|e| panic!("sample `{sample}`: value {value:?} ({e})"));
-            assert!(
-                found.is_none(),
-                "sample `{sample}` appears twice on /metrics"
-            );
-            found = Some(v);
-        }
-        found
+        sample_value(&r.text(), sample)
     }
+}
+
+/// The value of `sample` (the whole series: name and labels) on a
+/// Prometheus text page, `None` when the page has no such series.
+fn sample_value(page: &str, sample: &str) -> Option<f64> {
+    let mut found = None;
+    for l in page.lines().filter(|l| !l.starts_with('#')) {
+        // The whole series name, then one space and the value.
+        let Some(value) = l.strip_prefix(sample).and_then(|v| v.strip_prefix(' ')) else {
+            continue;
+        };
+        let v: f64 = value
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("sample `{sample}`: value {value:?} ({e})"));
+        assert!(
+            found.is_none(),
+            "sample `{sample}` appears twice on /metrics"
+        );
+        found = Some(v);
+    }
+    found
 }
 
 /// Polls `f` every 50 ms until it returns true or `secs` pass.
@@ -742,6 +747,138 @@ impl Redis {
 #[cfg(test)]
 mod harness {
     use super::*;
+    use serde_json::json;
+
+    fn resp(status: u16, headers: &[(&str, &str)], body: Value) -> Resp {
+        Resp {
+            status,
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body: body.to_string().into_bytes(),
+        }
+    }
+
+    /// `f` panics (its assertion failed).
+    fn fails(f: impl FnOnce() + std::panic::UnwindSafe) -> bool {
+        std::panic::catch_unwind(f).is_err()
+    }
+
+    #[test]
+    fn the_refusal_check_fails_on_each_defect_in_either_wire_format() {
+        let rid = "r-1";
+        let head = |code: &'static str| {
+            vec![
+                ("content-type", "application/json"),
+                ("x-request-id", rid),
+                ("x-loopgate-error", code),
+            ]
+        };
+        let json_err = |e: Value| json!({"error": e});
+        let good = json!({"code": "tool_not_allowed", "type": "permission_error",
+            "message": "no", "retryable": false, "request_id": rid});
+        resp(403, &head("tool_not_allowed"), json_err(good.clone()))
+            .assert_gateway_error(403, "tool_not_allowed");
+        let without = |k: &str| {
+            let mut e = good.clone();
+            e.as_object_mut().unwrap().remove(k);
+            resp(403, &head("tool_not_allowed"), json_err(e))
+        };
+        for k in ["code", "type", "message", "retryable", "request_id"] {
+            let r = without(k);
+            assert!(
+                fails(move || r.assert_gateway_error(403, "tool_not_allowed")),
+                "{k}"
+            );
+        }
+        let mut other_id = head("tool_not_allowed");
+        other_id[1] = ("x-request-id", "r-2");
+        let mut no_type = head("tool_not_allowed");
+        no_type.remove(0);
+        for (status, h) in [
+            (400, head("tool_not_allowed")),
+            (403, other_id),
+            (403, no_type),
+            (403, head("invalid_request")),
+        ] {
+            let r = resp(status, &h, json_err(good.clone()));
+            assert!(fails(
+                move || r.assert_gateway_error(403, "tool_not_allowed")
+            ));
+        }
+        // JSON-RPC: the id, the reserved code, the data.
+        let rpc = |id: Value, code: i64, data: Value| {
+            json!({"jsonrpc": "2.0", "id": id,
+                "error": {"code": code, "message": "no", "data": data}})
+        };
+        let data = json!({"loopgate_code": "invalid_json", "retryable": false, "request_id": rid});
+        let ok = rpc(json!(7), -32700, data.clone());
+        resp(200, &head("invalid_json"), ok.clone()).assert_rpc_error(
+            200,
+            json!(7),
+            "invalid_json",
+        );
+        resp(200, &head("invalid_json"), json!([ok.clone()])).assert_error(
+            200,
+            "invalid_json",
+            &Wire::RpcBatch(json!(7)),
+        );
+        let mut no_rid = data.clone();
+        no_rid.as_object_mut().unwrap().remove("request_id");
+        for body in [
+            rpc(json!(8), -32700, data.clone()),
+            rpc(json!(7), -32001, data.clone()),
+            rpc(json!(7), -32700, no_rid),
+            json!([ok.clone()]),
+            json_err(good.clone()),
+        ] {
+            let r = resp(200, &head("invalid_json"), body);
+            assert!(fails(move || r.assert_rpc_error(
+                200,
+                json!(7),
+                "invalid_json"
+            )));
+        }
+    }
+
+    /// What `requests()` cannot see, `connections()` and `heads()` do: a
+    /// connection that sends nothing the mock can parse, and a head whose
+    /// body never ends.
+    #[test]
+    fn the_mock_counts_what_it_could_not_record() {
+        let mock = Mock::start();
+        assert_eq!((mock.connections(), mock.heads()), (0, 0));
+        let mut s = TcpStream::connect(mock.addr).unwrap();
+        s.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: m\r\nContent-Length: 100\r\n\r\n{\"a\"",
+        )
+        .unwrap();
+        assert!(eventually(5, || mock.heads() == 1));
+        drop(s);
+        let mut s = TcpStream::connect(mock.addr).unwrap();
+        s.write_all(b"POST / HTTP/1.1\r\nContent-Length: 1, 2\r\n\r\n")
+            .unwrap();
+        drop(s);
+        assert!(eventually(5, || mock.connections() == 2));
+        assert_eq!(mock.heads(), 1);
+        assert!(mock.requests().is_empty(), "recorded only when whole");
+    }
+
+    #[test]
+    fn an_absent_sample_is_not_zero() {
+        let page =
+            "# HELP x y\nloopgate_a_total{code=\"x\"} 0\nloopgate_a_total_more 3\nloopgate_b 2.5\n";
+        assert_eq!(
+            sample_value(page, r#"loopgate_a_total{code="x"}"#),
+            Some(0.0)
+        );
+        assert_eq!(sample_value(page, "loopgate_b"), Some(2.5));
+        assert_eq!(sample_value(page, r#"loopgate_a_total{code="y"}"#), None);
+        // A longer name that starts with the sample is another series.
+        assert_eq!(sample_value(page, "loopgate_a_total_mor"), None);
+        assert_eq!(sample_value(page, "loopgate_a"), None);
+    }
 
     #[test]
     fn a_listener_is_told_apart_by_the_process_holding_it() {
