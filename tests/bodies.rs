@@ -117,6 +117,11 @@ fn large_body_denials_and_failures_are_still_structured() {
         &body,
     );
     r.assert_gateway_error(403, "model_not_allowed");
+    assert_eq!(
+        mock.connections(),
+        0,
+        "a refused large body reached the upstream"
+    );
     assert!(mock.requests().is_empty());
     // A provider failure on the large-body path keeps the provider's answer.
     let body = chat_body(200 * 1024);

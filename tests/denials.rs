@@ -230,6 +230,12 @@ fn oversized_bodies_get_413_whatever_the_framing() {
         let r = curl_body(&args, &big);
         r.assert_gateway_error(413, "body_too_large");
     }
+    // Not even the head or a part of the body went upstream.
+    assert_eq!(
+        mock.connections(),
+        0,
+        "an oversized body reached the upstream"
+    );
     assert!(mock.requests().is_empty());
     // And the gateway still serves afterwards.
     let r = curl(&[

@@ -81,71 +81,16 @@ agents:
 const BULK_KEY: &str = "hostile-bulk-key-0005";
 const LIMITED_KEY: &str = "hostile-limited-key-0006";
 
-/// A response read off a raw socket.
-#[derive(Debug)]
-struct Raw {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Raw {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-
-    /// Loopgate's structured error, OpenAI-shaped, with this status and code.
-    fn assert_error(&self, status: u16, code: &str) {
-        assert_eq!(
-            self.status,
-            status,
-            "{}",
-            String::from_utf8_lossy(&self.body)
-        );
-        assert_eq!(self.header("x-loopgate-error"), Some(code), "{self:?}");
-        let v = self.json();
-        assert_eq!(v["error"]["code"], code, "{v}");
-        assert!(v["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()));
-        assert!(v["error"]["request_id"].is_string());
-    }
-
-    /// A JSON-RPC error from the gateway, with this Loopgate code (a batch
-    /// refused whole answers with one error in an array).
-    fn assert_rpc_error(&self, code: &str) {
-        let mut v = self.json();
-        if let Value::Array(a) = &mut v {
-            assert_eq!(a.len(), 1, "one error for a refused batch");
-            v = a.remove(0);
-        }
-        assert_eq!(v["jsonrpc"], "2.0", "{v}");
-        assert_eq!(v["error"]["data"]["loopgate_code"], code, "{v}");
-    }
-}
-
 /// Sends `req` as it is and reads one response (by Content-Length or
 /// chunked framing, else to the close).
-fn raw(addr: SocketAddr, req: &[u8]) -> Raw {
+fn raw(addr: SocketAddr, req: &[u8]) -> Resp {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(req).expect("send");
     read_response(&mut s).expect("a response")
 }
 
-fn read_response(s: &mut TcpStream) -> Option<Raw> {
+fn read_response(s: &mut TcpStream) -> Option<Resp> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 65536];
     let head_end = loop {
@@ -193,7 +138,7 @@ fn read_response(s: &mut TcpStream) -> Option<Raw> {
     } else {
         let _ = s.read_to_end(&mut rest);
     }
-    Some(Raw {
+    Some(Resp {
         status,
         headers,
         body: rest,
@@ -261,12 +206,13 @@ fn tool_paths_with_path_parameters_or_segment_tricks_are_refused() {
         "/tools/weather/v1/city/%252e%252e/admin",
         "/tools/weather/v1/city/a%5cb",
     ] {
-        raw(gw.addr, &get_req(path, "")).assert_error(400, "invalid_path");
+        raw(gw.addr, &get_req(path, "")).assert_gateway_error(400, "invalid_path");
     }
     // A prefix grant is a prefix of whole segments.
     raw(gw.addr, &get_req("/tools/orders/orders-admin/purge", ""))
-        .assert_error(403, "path_not_allowed");
-    raw(gw.addr, &get_req("/tools/weather/v1/cityx", "")).assert_error(403, "path_not_allowed");
+        .assert_gateway_error(403, "path_not_allowed");
+    raw(gw.addr, &get_req("/tools/weather/v1/cityx", ""))
+        .assert_gateway_error(403, "path_not_allowed");
     assert_eq!(received(&mock), 0, "nothing reached the tool");
     // What the grant means still passes.
     let ok = raw(gw.addr, &get_req("/tools/weather/v1/city/Paris", ""));
@@ -276,19 +222,80 @@ fn tool_paths_with_path_parameters_or_segment_tricks_are_refused() {
     still_serves(&gw);
 }
 
+/// How a refusal is expected to look.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// The gateway's own error, with this status and code, in the wire
+    /// format of the path (JSON-RPC with a `null` id on `/mcp`, the body
+    /// unjudged).
+    Loopgate(u16, &'static str),
+    /// Pingora's bare 400: it refuses some header bytes and framings while
+    /// reading the header, before any of the gateway's hooks runs.
+    Pingora400,
+}
+
+impl Refusal {
+    fn check(self, r: &Resp, path: &str, what: &str) {
+        match self {
+            Refusal::Loopgate(status, code) => {
+                let wire = if path.starts_with("/mcp") {
+                    Wire::Rpc(Value::Null)
+                } else {
+                    Wire::Json
+                };
+                r.assert_error(status, code, &wire);
+            }
+            Refusal::Pingora400 => {
+                assert_eq!(r.status, 400, "{what} {path}: {r:?}");
+                assert_eq!(r.header("x-loopgate-error"), None, "{what} {path}: {r:?}");
+                assert_eq!(
+                    r.header("content-length"),
+                    Some("0"),
+                    "{what} {path}: {r:?}"
+                );
+                assert!(r.body.is_empty(), "{what} {path}: {r:?}");
+            }
+        }
+    }
+}
+
+/// Reads the one answer `s` must get: none (a close, a stall past the
+/// read timeout) fails.
+fn answer(s: &mut TcpStream, what: &str) -> Resp {
+    read_response(s).unwrap_or_else(|| panic!("{what}: no answer (closed or stalled)"))
+}
+
 #[test]
 fn a_content_length_the_gateway_cannot_read_as_one_number_is_refused() {
+    use Refusal::{Loopgate, Pingora400};
     let mock = Mock::start();
     let gw = Gateway::start(&config(&mock));
     let big = "x".repeat(70_000);
-    for framing in [
-        "Content-Length: 70000, 70000\r\n",
-        "Content-Length: 70000\r\nContent-Length: 70000\r\n",
-        "Content-Length: +70000\r\n",
-        "Content-Length: 0x10\r\n",
-        "Content-Length: 70000\r\nTransfer-Encoding: chunked\r\n",
-    ] {
-        for path in ["/tools/orders/orders", "/v1/chat/completions", "/mcp/files"] {
+    const PATHS: [&str; 3] = ["/tools/orders/orders", "/v1/chat/completions", "/mcp/files"];
+    let not_one_number = Loopgate(400, "invalid_request");
+    let cases: [(&str, [Refusal; 3]); 5] = [
+        ("Content-Length: 70000, 70000\r\n", [not_one_number; 3]),
+        (
+            "Content-Length: 70000\r\nContent-Length: 70000\r\n",
+            [not_one_number; 3],
+        ),
+        // Pingora reads these as no number at all.
+        ("Content-Length: +70000\r\n", [Pingora400; 3]),
+        ("Content-Length: 0x10\r\n", [Pingora400; 3]),
+        // With Transfer-Encoding Pingora drops Content-Length and frames
+        // by chunks: a tool under a size limit wants a length (411); the
+        // others read the body and find no chunk size in it.
+        (
+            "Content-Length: 70000\r\nTransfer-Encoding: chunked\r\n",
+            [
+                Loopgate(411, "length_required"),
+                Loopgate(400, "bad_request"),
+                Loopgate(400, "bad_request"),
+            ],
+        ),
+    ];
+    for (framing, expected) in cases {
+        for (path, refusal) in PATHS.into_iter().zip(expected) {
             let req = format!(
                 "POST {path} HTTP/1.1\r\nHost: gw\r\n{}\r\nIdempotency-Key: k1\r\n{framing}Connection: close\r\n\r\n{big}",
                 key()
@@ -296,18 +303,13 @@ fn a_content_length_the_gateway_cannot_read_as_one_number_is_refused() {
             let mut s = TcpStream::connect(gw.addr).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let _ = s.write_all(req.as_bytes());
-            // Pingora itself may refuse some framings before us: a 400
-            // either way, and never forwarded. (With Transfer-Encoding
-            // Pingora drops Content-Length and frames by chunks: a tool
-            // under a size limit wants 411.)
-            if let Some(r) = read_response(&mut s) {
-                assert!(
-                    r.status == 400 || r.status == 411,
-                    "{framing:?} {path}: {r:?}"
-                );
-            }
+            let what = format!("{framing:?} {path}");
+            refusal.check(&answer(&mut s, &what), path, &what);
         }
     }
+    // Nothing reached an upstream, not even a request the mock could not
+    // parse: the gateway opened no connection to it.
+    assert_eq!(mock.connections(), 0, "a connection reached an upstream");
     assert_eq!(received(&mock), 0, "nothing reached an upstream");
     still_serves(&gw);
 }
@@ -317,18 +319,16 @@ fn mcp_session_ids_must_be_exactly_one_visible_id() {
     let mock = Mock::start();
     let gw = Gateway::start(&config(&mock));
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
-    for ids in [
-        "Mcp-Session-Id: a\r\nMcp-Session-Id: b\r\n",
-        "Mcp-Session-Id: a b\r\n",
-        "Mcp-Session-Id: \x7f\x7f\r\n",
-        "Mcp-Session-Id: caf\u{e9}\r\n",
+    let ours = Refusal::Loopgate(400, "invalid_request");
+    for (ids, refusal) in [
+        ("Mcp-Session-Id: a\r\nMcp-Session-Id: b\r\n", ours),
+        ("Mcp-Session-Id: a b\r\n", ours),
+        // Pingora refuses a DEL in a header value itself, before any hook.
+        ("Mcp-Session-Id: \x7f\x7f\r\n", Refusal::Pingora400),
+        ("Mcp-Session-Id: caf\u{e9}\r\n", ours),
     ] {
         let r = raw(gw.addr, &post_req("/mcp/files", ids, &body));
-        assert_eq!(r.status, 400, "{ids:?}: {r:?}");
-        // Pingora refuses some header bytes itself, before any hook.
-        if r.header("x-loopgate-error").is_some() {
-            r.assert_rpc_error("invalid_request");
-        }
+        refusal.check(&r, "/mcp/files", &format!("{ids:?}"));
     }
     assert_eq!(received(&mock), 0);
     still_serves(&gw);
@@ -346,8 +346,8 @@ fn get_and_delete_on_mcp_take_no_body() {
             call.len()
         );
         let r = raw(gw.addr, req.as_bytes());
-        assert_eq!(r.status, 400, "{method}: {r:?}");
-        r.assert_rpc_error("invalid_request");
+        // Refused on its header: the body was never judged, so no id.
+        r.assert_rpc_error(400, Value::Null, "invalid_request");
     }
     assert_eq!(received(&mock), 0);
     still_serves(&gw);
@@ -374,7 +374,7 @@ fn answers_the_gateway_cannot_read_never_pass_as_judged() {
         gw.addr,
         &post_req("/v1/chat/completions", "x-mock-gzip: 1\r\n", CHAT),
     )
-    .assert_error(502, "upstream_error");
+    .assert_gateway_error(502, "upstream_error");
     // An MCP server compressing its list: it could not be filtered.
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
     let r = raw(
@@ -449,8 +449,9 @@ fn an_idempotency_key_is_bound_to_its_method_path_and_query() {
         )
     };
     assert_eq!(cancel("/tools/orders/orders/1/cancel").status, 200);
-    cancel("/tools/orders/orders/2/cancel").assert_error(422, "idempotency_key_reused");
-    cancel("/tools/orders/orders/1/cancel?force=1").assert_error(422, "idempotency_key_reused");
+    cancel("/tools/orders/orders/2/cancel").assert_gateway_error(422, "idempotency_key_reused");
+    cancel("/tools/orders/orders/1/cancel?force=1")
+        .assert_gateway_error(422, "idempotency_key_reused");
     let replay = cancel("/tools/orders/orders/1/cancel");
     assert_eq!(replay.header("x-loopgate-idempotent-replay"), Some("true"));
     assert_eq!(
@@ -463,21 +464,61 @@ fn an_idempotency_key_is_bound_to_its_method_path_and_query() {
 #[test]
 fn the_gateways_own_failures_never_open_a_shared_breaker() {
     let mock = Mock::start();
-    let gw = Gateway::start(&config(&mock));
-    // A target too long to rebuild under the tool's base path.
+    // Every call of agent `bulk` fails inside the gateway after routing:
+    // its peer chosen and the shared `oa` breaker's ticket taken (3
+    // consecutive failures would open it for everyone).
+    let gw = Gateway::start_with_env(
+        &config(&mock),
+        &[("LOOPGATE_TEST_FAULT", "upstream_request_filter:bulk")],
+    );
+    let as_bulk = || {
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {BULK_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{CHAT}",
+            CHAT.len()
+        );
+        raw(gw.addr, req.as_bytes())
+    };
+    for _ in 0..6 {
+        // The gateway's failure, retryable, never the provider's: were it
+        // counted, the fourth would be refused 503 circuit_open.
+        let r = as_bulk();
+        r.assert_gateway_error(500, "internal_error");
+        assert_eq!(r.json()["error"]["retryable"], true, "{}", r.text());
+        assert_eq!(r.json()["error"]["type"], "gateway_error", "{}", r.text());
+    }
+    assert_eq!(
+        received(&mock),
+        0,
+        "nothing of the failed calls went upstream"
+    );
+    // Every breaker is still closed for everyone: no transition at all.
+    still_serves(&gw);
+    assert_eq!(received(&mock), 1);
+    let metrics = curl(&[
+        &gw.admin_url("/metrics"),
+        "-H",
+        &format!("Authorization: Bearer {ADMIN_TOKEN}"),
+    ]);
+    assert_eq!(metrics.status, 200);
+    assert!(
+        !metrics
+            .text()
+            .contains("loopgate_breaker_transitions_total{"),
+        "{}",
+        metrics.text()
+    );
+    // Requests refused before routing take no ticket at all: a target too
+    // long to rebuild under the tool's base path, a model name no header
+    // can carry.
     let long = format!("/tools/weather/v1/forecast?q={}", "a".repeat(65_400));
     for _ in 0..5 {
-        let r = raw(gw.addr, &get_req(&long, ""));
-        assert_eq!(r.status, 400, "{r:?}");
+        raw(gw.addr, &get_req(&long, "")).assert_gateway_error(400, "invalid_request");
     }
-    // A model name no header can carry (the watchdog echoes it).
     let bad_model = r#"{"model":"gpt-4o-mini\u0001","messages":[{"role":"user","content":"hi"}]}"#;
     for _ in 0..5 {
-        let r = raw(gw.addr, &post_req("/v1/chat/completions", "", bad_model));
-        assert_eq!(r.status, 400, "{r:?}");
+        raw(gw.addr, &post_req("/v1/chat/completions", "", bad_model))
+            .assert_gateway_error(400, "invalid_request");
     }
-    assert_eq!(received(&mock), 0);
-    // Every breaker is still closed for everyone.
     let ok = raw(gw.addr, &get_req("/tools/weather/v1/forecast", ""));
     assert_eq!(ok.status, 200);
     still_serves(&gw);
@@ -493,9 +534,9 @@ fn protocol_upgrades_are_refused_and_an_unasked_101_is_a_failure() {
         "Connection: keep-alive, upgrade\r\n",
     ] {
         raw(gw.addr, &post_req("/v1/chat/completions", up, CHAT))
-            .assert_error(400, "invalid_request");
+            .assert_gateway_error(400, "invalid_request");
         raw(gw.addr, &get_req("/tools/weather/v1/forecast", up))
-            .assert_error(400, "invalid_request");
+            .assert_gateway_error(400, "invalid_request");
     }
     assert_eq!(received(&mock), 0);
     // A provider answering 101 to a large body: an error for that request,
@@ -594,7 +635,7 @@ fn the_loop_guard_is_on_by_default_for_tasks() {
         gw.addr,
         &post_req("/v1/chat/completions", "x-agent-task-id: t1\r\n", CHAT),
     );
-    r.assert_error(409, "loop_detected");
+    r.assert_gateway_error(409, "loop_detected");
     // Without a task id there is no task to loop.
     still_serves(&gw);
     still_serves(&gw);
@@ -625,13 +666,18 @@ fn bodies_being_received_are_bounded_per_agent_before_they_are_read() {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(head(1_000_000).as_bytes()).unwrap();
     let _ = s.write_all(&part);
-    let r = read_response(&mut s).expect("an answer");
-    r.assert_error(429, "too_many_in_flight");
+    let r = answer(&mut s, "the third body");
+    r.assert_gateway_error(429, "too_many_in_flight");
     assert!(r.header("retry-after").is_some());
+    // No part of a body still arriving went upstream.
+    assert_eq!(mock.connections(), 0, "a partial body reached the upstream");
     // Other agents are not affected, and the share comes back.
     still_serves(&gw);
     drop(held);
     std::thread::sleep(Duration::from_millis(300));
+    // The bodies cut short were not forwarded either (a head would count
+    // even on the connection the call above left in the pool).
+    assert_eq!(mock.heads(), 1, "a truncated body reached the upstream");
     let body = format!(
         r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{}"}}]}}"#,
         "z".repeat(800_000)
@@ -670,13 +716,8 @@ fn every_tool_bearing_field_is_judged_by_what_the_provider_dispatches_on() {
         ),
     ];
     for (path, body) in refused {
-        let r = raw(gw.addr, &post_req(path, "", &body.to_string()));
-        assert!(r.status == 403 || r.status == 400, "{path} {body}: {r:?}");
-        let code = r.json()["error"]["code"].as_str().unwrap_or("").to_string();
-        assert!(
-            code == "tool_not_allowed" || code == "invalid_request",
-            "{path}: {code}"
-        );
+        raw(gw.addr, &post_req(path, "", &body.to_string()))
+            .assert_gateway_error(403, "tool_not_allowed");
     }
     // An unknown field that can carry tools is refused, not ignored.
     let r = raw(
@@ -687,7 +728,7 @@ fn every_tool_bearing_field_is_judged_by_what_the_provider_dispatches_on() {
             &json!({"model": "gpt-4o-mini", "messages": user, "tool_servers": []}).to_string(),
         ),
     );
-    r.assert_error(400, "invalid_request");
+    r.assert_gateway_error(400, "invalid_request");
     assert_eq!(received(&mock), 0);
     // A granted function passes.
     let ok = json!({"model": "gpt-4o-mini", "messages": user,
@@ -719,7 +760,7 @@ fn an_omitted_output_limit_is_set_and_n_counts() {
     );
     let two = r#"{"model":"gpt-4o-mini","n":2,"max_tokens":200,"messages":[{"role":"user","content":"hi"}]}"#;
     raw(gw.addr, &post_req("/v1/chat/completions", "", two))
-        .assert_error(400, "max_tokens_exceeded");
+        .assert_gateway_error(400, "max_tokens_exceeded");
     let bad_n = r#"{"model":"gpt-4o-mini","n":0,"messages":[{"role":"user","content":"hi"}]}"#;
     assert_eq!(
         raw(gw.addr, &post_req("/v1/chat/completions", "", bad_n)).status,
@@ -752,7 +793,7 @@ fn blocked_phrases_survive_no_unicode_disguise_in_any_field() {
                 gw.addr,
                 &post_req("/v1/chat/completions", "", &body.to_string()),
             )
-            .assert_error(403, "blocked_phrase");
+            .assert_gateway_error(403, "blocked_phrase");
         }
     }
     assert_eq!(received(&mock), 0);
@@ -772,14 +813,14 @@ fn nesting_past_the_depth_rule_is_one_clear_400_even_for_a_task() {
             gw.addr,
             &post_req("/v1/chat/completions", "x-agent-task-id: deep\r\n", &deep),
         );
-        r.assert_error(400, "invalid_json");
+        r.assert_gateway_error(400, "invalid_json");
     }
     assert_eq!(received(&mock), 0);
     still_serves(&gw);
 }
 
 /// One JSON-RPC POST to the `files` server as `tester`.
-fn mcp_post(gw: &Gateway, body: &str) -> Raw {
+fn mcp_post(gw: &Gateway, body: &str) -> Resp {
     raw(gw.addr, &post_req("/mcp/files", "", body))
 }
 
@@ -806,15 +847,8 @@ fn mcp_resource_grants_match_canonical_uris_by_segment() {
         "file:///public/a%00b",
         "public/k",
     ] {
-        let r = mcp_post(&gw, &read(uri));
-        assert_eq!(r.status, 200, "{uri}: {r:?}");
-        let v = r.json();
-        assert_eq!(v["id"], 7, "{uri}: {v}");
-        let code = v["error"]["data"]["loopgate_code"].as_str().unwrap_or("");
-        assert!(
-            code == "invalid_path" || code == "path_not_allowed",
-            "{uri}: {v}"
-        );
+        // Judged in-band: the refused message's id, on a 200.
+        mcp_post(&gw, &read(uri)).assert_rpc_error(200, json!(7), "invalid_path");
     }
     // Unambiguous but outside the grant: a string prefix is not a segment.
     for uri in [
@@ -823,14 +857,14 @@ fn mcp_resource_grants_match_canonical_uris_by_segment() {
         "file:///secret/k",
         "file:///public",
     ] {
-        mcp_post(&gw, &read(uri)).assert_rpc_error("path_not_allowed");
+        mcp_post(&gw, &read(uri)).assert_rpc_error(200, json!(7), "path_not_allowed");
     }
     // Subscribing and completing are judged by the same rule.
     let sub = json!({"jsonrpc": "2.0", "id": 8, "method": "resources/subscribe", "params": {"uri": "file:///public/../k"}});
-    mcp_post(&gw, &sub.to_string()).assert_rpc_error("invalid_path");
+    mcp_post(&gw, &sub.to_string()).assert_rpc_error(200, json!(8), "invalid_path");
     let complete = json!({"jsonrpc": "2.0", "id": 9, "method": "completion/complete",
         "params": {"ref": {"type": "ref/resource", "uri": "file:///secret/{name}"}, "argument": {"name": "name", "value": "k"}}});
-    mcp_post(&gw, &complete.to_string()).assert_rpc_error("path_not_allowed");
+    mcp_post(&gw, &complete.to_string()).assert_rpc_error(200, json!(9), "path_not_allowed");
     assert_eq!(received(&mock), 0, "nothing reached the MCP server");
     // A URI under the grant, in any spelling that reads one way, goes (the
     // mock server answers it itself: no Loopgate code in its answer).
@@ -865,9 +899,14 @@ fn duplicated_json_rpc_keys_are_refused_wherever_they_are() {
         r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read_file","name":"delete_file"}}]"#,
     ] {
         let r = mcp_post(&gw, body);
-        // Refusals of judged JSON-RPC are JSON-RPC errors on a 200.
-        assert_eq!(r.status, 200, "{body}: {r:?}");
-        r.assert_rpc_error("invalid_json");
+        // Refusals of judged JSON-RPC are JSON-RPC errors on a 200; a body
+        // that does not parse has no id to answer.
+        let wire = if body.starts_with('[') {
+            Wire::RpcBatch(Value::Null)
+        } else {
+            Wire::Rpc(Value::Null)
+        };
+        r.assert_error(200, "invalid_json", &wire);
         assert!(r.text().contains("duplicate key"), "{body}: {}", r.text());
     }
     assert_eq!(received(&mock), 0);
@@ -877,7 +916,12 @@ fn duplicated_json_rpc_keys_are_refused_wherever_they_are() {
 #[test]
 fn mcp_batches_are_capped_and_ids_within_one_are_unique() {
     let mock = Mock::start();
-    let gw = Gateway::start(&config(&mock));
+    // A body limit that admits the largest batch below: the cap on the
+    // count must refuse it, not the size.
+    let gw = Gateway::start(&format!(
+        "{}policy: {{ max_body_bytes: 16777216 }}\n",
+        config(&mock)
+    ));
     let batch = |n: usize| {
         Value::Array(
             (0..n)
@@ -886,31 +930,41 @@ fn mcp_batches_are_capped_and_ids_within_one_are_unique() {
         )
         .to_string()
     };
-    // 140,000 lists in one body (the review's 7.8 MB case would also pass
-    // the body limit; this one is refused by count, at once).
+    // 140,000 lists in one body (~7 MB, the review's case): refused by
+    // count, whole, with one error.
     for n in [101, 140_000] {
         let r = mcp_post(&gw, &batch(n));
-        assert!(r.status == 200 || r.status == 413, "{n}: {r:?}");
-        if r.status == 200 {
-            r.assert_rpc_error("invalid_request");
-        }
+        r.assert_error(200, "invalid_request", &Wire::RpcBatch(Value::Null));
+        let why = format!("batch of {n} messages exceeds the limit of 100");
+        assert_eq!(r.json()[0]["error"]["message"], why.as_str(), "{n}");
     }
     let dup = r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file"}}]"#;
     let r = mcp_post(&gw, dup);
-    assert_eq!(r.status, 200, "{r:?}");
-    r.assert_rpc_error("invalid_request");
+    r.assert_error(200, "invalid_request", &Wire::RpcBatch(json!(1)));
     assert!(r.text().contains("duplicate id"), "{}", r.text());
+    assert_eq!(mock.connections(), 0, "a refused batch reached the server");
     assert_eq!(received(&mock), 0);
-    // At the cap, one batch goes, and every answer comes back filtered.
+    // The same bytes as one message fit the body limit and go.
+    let padded = json!({"jsonrpc": "2.0", "id": "big", "method": "tools/list",
+        "params": {"_meta": {"pad": "p".repeat(batch(140_000).len())}}});
+    let r = mcp_post(&gw, &padded.to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["id"], "big", "{}", r.text());
+    assert_eq!(received(&mock), 1);
+    // At the cap, one batch goes, and every answer comes back filtered to
+    // exactly what the grant names (the server lists four tools).
     let r = mcp_post(&gw, &batch(100));
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let answers = r.json();
-    assert_eq!(answers.as_array().map(Vec::len), Some(100), "{answers}");
-    for a in answers.as_array().unwrap() {
-        for t in a["result"]["tools"].as_array().unwrap() {
-            assert_eq!(t["name"], "read_file", "{a}");
-        }
-    }
+    assert_eq!(r.status, 200, "{}", r.text());
+    let read_file = json!({
+        "name": "read_file",
+        "description": "mock tool read_file",
+        "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}},
+    });
+    let expected: Vec<Value> = (0..100)
+        .map(|i| json!({"jsonrpc": "2.0", "id": i, "result": {"tools": [read_file]}}))
+        .collect();
+    assert_eq!(r.json(), Value::Array(expected));
+    assert_eq!(received(&mock), 2);
     still_serves(&gw);
 }
 
@@ -939,11 +993,13 @@ fn calls_over_the_limits_are_refused_before_any_guard_keeps_state() {
     );
     for _ in 0..30 {
         let task = "a";
-        as_limited("/v1/chat/completions", "POST", task, CHAT).assert_error(429, "rate_limited");
-        as_limited("/tools/weather/v1/forecast", "GET", task, "").assert_error(429, "rate_limited");
+        as_limited("/v1/chat/completions", "POST", task, CHAT)
+            .assert_gateway_error(429, "rate_limited");
+        as_limited("/tools/weather/v1/forecast", "GET", task, "")
+            .assert_gateway_error(429, "rate_limited");
         let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "read_file"}}).to_string();
         let r = as_limited("/mcp/files", "POST", task, &list);
-        r.assert_rpc_error("rate_limited");
+        r.assert_rpc_error(200, json!(1), "rate_limited");
     }
     assert_eq!(received(&mock), 2);
     still_serves(&gw);

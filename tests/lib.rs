@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The agent key the test configs accept for agent `tester`.
@@ -83,6 +83,9 @@ impl Drop for Proc {
 /// The mock provider (`loopgate mock`) on a kernel-chosen port.
 pub struct Mock {
     pub addr: SocketAddr,
+    /// Connections this harness opened to the mock's own `/_mock/*`
+    /// endpoints, so [`Mock::connections`] can tell the gateway's apart.
+    control: AtomicU64,
     _proc: Proc,
 }
 
@@ -113,6 +116,7 @@ impl Mock {
             .expect("mock address");
         Mock {
             addr,
+            control: AtomicU64::new(0),
             _proc: Proc(child),
         }
     }
@@ -121,11 +125,53 @@ impl Mock {
         format!("http://{}", self.addr)
     }
 
-    /// Every request the mock received, oldest first.
+    /// One of the mock's own endpoints (`/_mock/...`), on a connection
+    /// of its own that [`Mock::connections`] leaves out.
+    fn control(&self, path: &str) -> Value {
+        self.control.fetch_add(1, Ordering::SeqCst);
+        let r = curl(&[&format!("{}{path}", self.url())]);
+        assert_eq!(r.status, 200, "mock {path}: {}", r.text());
+        r.json()
+    }
+
+    /// Every request the mock received, oldest first (read whole: the
+    /// mock records a request once it has its header and its whole body).
+    /// An answer without the list fails: it is not an empty list.
     pub fn requests(&self) -> Vec<Value> {
-        let r = curl(&[&format!("{}/_mock/requests", self.url())]);
-        assert_eq!(r.status, 200, "mock requests: {}", r.text());
-        r.json()["requests"].as_array().cloned().unwrap_or_default()
+        let v = self.control("/_mock/requests");
+        match v.get("requests") {
+            Some(Value::Array(a)) => a.clone(),
+            _ => panic!("the mock's /_mock/requests has no `requests` list: {v}"),
+        }
+    }
+
+    /// Connections anything but this harness opened to the mock: the
+    /// gateway's. Unlike [`Mock::requests`] it counts a request forwarded
+    /// with framing the mock could not parse or a body that never ended,
+    /// so "nothing reached the upstream" is this staying where it was
+    /// (with no idle pooled connection the gateway could reuse).
+    pub fn connections(&self) -> u64 {
+        self.stat("connections")
+    }
+
+    /// Request heads anything but this harness sent the mock, counted when
+    /// the mock has read the head, before the body: a request forwarded
+    /// with a body that never ended counts here, pooled connection or not.
+    pub fn heads(&self) -> u64 {
+        self.stat("heads")
+    }
+
+    /// One `/_mock/stats` count, less the harness's own connections (each
+    /// carries one request).
+    fn stat(&self, name: &str) -> u64 {
+        let v = self.control("/_mock/stats");
+        let all = v[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("the mock's /_mock/stats has no `{name}` count: {v}"));
+        let ours = self.control.load(Ordering::SeqCst);
+        all.checked_sub(ours).unwrap_or_else(|| {
+            panic!("the mock counted {name} {all}, the harness made {ours}: {v}")
+        })
     }
 
     pub fn last_request(&self) -> Value {
@@ -207,6 +253,12 @@ impl Gateway {
     /// are replaced by free ports. Retries on fresh ports if another process
     /// took one meanwhile.
     pub fn start(yaml: &str) -> Gateway {
+        Gateway::start_with_env(yaml, &[])
+    }
+
+    /// As [`Gateway::start`], with these environment variables set too
+    /// (e.g. the test-only `LOOPGATE_TEST_FAULT`).
+    pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Gateway {
         let dir = scratch_dir("gw");
         // Every test gateway has an admin listener (metrics, reload).
         let yaml = if yaml.contains("{ADMIN_PORT}") {
@@ -230,6 +282,7 @@ impl Gateway {
                 .env("LOOPGATE_TEST_TOOL_KEY", TOOL_KEY)
                 .env("LOOPGATE_TEST_BAD_KEY", BAD_KEY)
                 .env("RUST_LOG", "warn")
+                .envs(env.iter().copied())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
                 .spawn()
@@ -261,15 +314,45 @@ impl Gateway {
     }
 
     /// The value of one sample on the admin `/metrics` page, e.g.
-    /// `loopgate_denials_total{code="rate_limited"}`; 0 when absent.
+    /// `loopgate_denials_total{code="rate_limited"}`. A sample that is not
+    /// on the page fails the test: absent is not zero (a renamed metric or
+    /// label would otherwise read as "nothing happened").
     pub fn metric(&self, sample: &str) -> f64 {
+        self.metric_or_absent(sample).unwrap_or_else(|| {
+            panic!("no sample `{sample}` on /metrics (absent is not 0: use metric_or_absent where absent is meant)")
+        })
+    }
+
+    /// As [`Gateway::metric`], `None` when the page has no such sample:
+    /// for a test that means "not counted yet" (a labelled counter appears
+    /// on its first increment).
+    pub fn metric_or_absent(&self, sample: &str) -> Option<f64> {
         let r = curl(&[&self.admin_url("/metrics")]);
         assert_eq!(r.status, 200, "metrics: {}", r.text());
-        r.text()
-            .lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0.0)
+        sample_value(&r.text(), sample)
     }
+}
+
+/// The value of `sample` (the whole series: name and labels) on a
+/// Prometheus text page, `None` when the page has no such series.
+fn sample_value(page: &str, sample: &str) -> Option<f64> {
+    let mut found = None;
+    for l in page.lines().filter(|l| !l.starts_with('#')) {
+        // The whole series name, then one space and the value.
+        let Some(value) = l.strip_prefix(sample).and_then(|v| v.strip_prefix(' ')) else {
+            continue;
+        };
+        let v: f64 = value
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("sample `{sample}`: value {value:?} ({e})"));
+        assert!(
+            found.is_none(),
+            "sample `{sample}` appears twice on /metrics"
+        );
+        found = Some(v);
+    }
+    found
 }
 
 /// Polls `f` every 50 ms until it returns true or `secs` pass.
@@ -369,12 +452,22 @@ fn listener_on(port: u16, pid: u32) -> Listener {
     }
 }
 
-/// A response as curl saw it.
-#[derive(Debug)]
+/// A response as curl (or a raw socket) saw it.
 pub struct Resp {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+}
+
+/// The body as text: a failing assertion shows what was answered.
+impl std::fmt::Debug for Resp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resp")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("body", &self.text())
+            .finish()
+    }
 }
 
 impl Resp {
@@ -394,25 +487,112 @@ impl Resp {
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
 
-    /// Asserts Loopgate's structured error with this status and code.
+    /// Asserts Loopgate's structured error with this status and code,
+    /// OpenAI-shaped (every path but `/mcp`).
     pub fn assert_gateway_error(&self, status: u16, code: &str) {
-        assert_eq!(self.status, status, "body: {}", self.text());
-        assert_eq!(self.header("x-loopgate-error"), Some(code), "{self:?}");
-        let v = self.json();
-        let e = &v["error"];
-        assert_eq!(e["code"], code, "{v}");
-        assert!(e["type"].is_string(), "{v}");
-        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
-        assert!(e["retryable"].is_boolean(), "{v}");
-        let rid = e["request_id"].as_str().expect("request_id");
-        assert!(!rid.is_empty());
-        assert_eq!(self.header("x-request-id"), Some(rid));
+        self.assert_error(status, code, &Wire::Json);
+    }
+
+    /// Asserts Loopgate's JSON-RPC error (every refusal on `/mcp`) with
+    /// this HTTP status and code, answering message `id` (`null` before
+    /// the body was judged).
+    pub fn assert_rpc_error(&self, status: u16, id: Value, code: &str) {
+        self.assert_error(status, code, &Wire::Rpc(id));
+    }
+
+    /// The one check of a refusal the gateway wrote, in either wire
+    /// format: the status, `x-loopgate-error`, `application/json`, a
+    /// non-empty message, `retryable` a boolean, and the body's
+    /// `request_id` equal to `x-request-id`; then what the format adds.
+    /// Returns the error object (`error`, or the JSON-RPC `error`).
+    pub fn assert_error(&self, status: u16, code: &str, wire: &Wire) -> Value {
+        assert_eq!(self.status, status, "{code}: {self:?} {}", self.text());
+        assert_eq!(
+            self.header("x-loopgate-error"),
+            Some(code),
+            "{self:?} {}",
+            self.text()
+        );
         assert_eq!(
             self.header("content-type"),
             Some("application/json"),
             "{self:?}"
         );
+        let v = self.json();
+        let (error, data) = match wire {
+            Wire::Json => {
+                let e = v["error"].clone();
+                assert_eq!(e["code"], code, "{v}");
+                assert!(
+                    e["type"].as_str().is_some_and(|t| !t.is_empty()),
+                    "error.type: {v}"
+                );
+                (e.clone(), e)
+            }
+            Wire::Rpc(id) | Wire::RpcBatch(id) => {
+                let one = match (wire, &v) {
+                    (Wire::RpcBatch(_), Value::Array(a)) => {
+                        assert_eq!(a.len(), 1, "one error answers a refused batch: {v}");
+                        a[0].clone()
+                    }
+                    (Wire::RpcBatch(_), _) => panic!("a refused batch answers an array: {v}"),
+                    (_, Value::Object(_)) => v.clone(),
+                    _ => panic!("one JSON-RPC error object: {v}"),
+                };
+                assert_eq!(one["jsonrpc"], "2.0", "{v}");
+                assert_eq!(&one["id"], id, "the refused message's id: {v}");
+                assert!(one.get("result").is_none(), "{v}");
+                let e = one["error"].clone();
+                let rpc = e["code"]
+                    .as_i64()
+                    .unwrap_or_else(|| panic!("error.code: {v}"));
+                // The codes JSON-RPC reserves, where one names the refusal.
+                let reserved = match code {
+                    "invalid_json" => Some(-32700),
+                    "invalid_request" | "bad_request" => Some(-32600),
+                    "internal_error" => Some(-32603),
+                    _ => None,
+                };
+                match reserved {
+                    Some(want) => assert_eq!(rpc, want, "{code}: {v}"),
+                    // A method outside the grant (-32601), or a method the
+                    // endpoint does not take over HTTP (-32600).
+                    None if code == "method_not_allowed" => {
+                        assert!(rpc == -32601 || rpc == -32600, "{v}")
+                    }
+                    // Every other refusal: the implementation-defined range.
+                    None => assert!((-32099..=-32000).contains(&rpc), "{v}"),
+                }
+                let data = e["data"].clone();
+                assert_eq!(data["loopgate_code"], code, "{v}");
+                (e, data)
+            }
+        };
+        assert!(
+            error["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "error.message: {v}"
+        );
+        assert!(data["retryable"].is_boolean(), "retryable: {v}");
+        let rid = data["request_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("request_id: {v}"));
+        assert!(!rid.is_empty(), "{v}");
+        assert_eq!(self.header("x-request-id"), Some(rid), "{self:?}");
+        error
     }
+}
+
+/// How the gateway writes a refusal (see [`Resp::assert_error`]).
+#[derive(Debug, Clone)]
+pub enum Wire {
+    /// `{"error":{"code","type","message","retryable","request_id"}}`.
+    Json,
+    /// `{"jsonrpc":"2.0","id":..,"error":{"code":..,"message":..,
+    /// "data":{"loopgate_code","retryable","request_id"}}}` answering the
+    /// message with this id.
+    Rpc(Value),
+    /// As [`Wire::Rpc`], the one error (in an array) answering a batch.
+    RpcBatch(Value),
 }
 
 /// Runs curl with `args` (plus `-s -i`, and a 30 s limit) and parses its output.
@@ -567,6 +747,138 @@ impl Redis {
 #[cfg(test)]
 mod harness {
     use super::*;
+    use serde_json::json;
+
+    fn resp(status: u16, headers: &[(&str, &str)], body: Value) -> Resp {
+        Resp {
+            status,
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body: body.to_string().into_bytes(),
+        }
+    }
+
+    /// `f` panics (its assertion failed).
+    fn fails(f: impl FnOnce() + std::panic::UnwindSafe) -> bool {
+        std::panic::catch_unwind(f).is_err()
+    }
+
+    #[test]
+    fn the_refusal_check_fails_on_each_defect_in_either_wire_format() {
+        let rid = "r-1";
+        let head = |code: &'static str| {
+            vec![
+                ("content-type", "application/json"),
+                ("x-request-id", rid),
+                ("x-loopgate-error", code),
+            ]
+        };
+        let json_err = |e: Value| json!({"error": e});
+        let good = json!({"code": "tool_not_allowed", "type": "permission_error",
+            "message": "no", "retryable": false, "request_id": rid});
+        resp(403, &head("tool_not_allowed"), json_err(good.clone()))
+            .assert_gateway_error(403, "tool_not_allowed");
+        let without = |k: &str| {
+            let mut e = good.clone();
+            e.as_object_mut().unwrap().remove(k);
+            resp(403, &head("tool_not_allowed"), json_err(e))
+        };
+        for k in ["code", "type", "message", "retryable", "request_id"] {
+            let r = without(k);
+            assert!(
+                fails(move || r.assert_gateway_error(403, "tool_not_allowed")),
+                "{k}"
+            );
+        }
+        let mut other_id = head("tool_not_allowed");
+        other_id[1] = ("x-request-id", "r-2");
+        let mut no_type = head("tool_not_allowed");
+        no_type.remove(0);
+        for (status, h) in [
+            (400, head("tool_not_allowed")),
+            (403, other_id),
+            (403, no_type),
+            (403, head("invalid_request")),
+        ] {
+            let r = resp(status, &h, json_err(good.clone()));
+            assert!(fails(
+                move || r.assert_gateway_error(403, "tool_not_allowed")
+            ));
+        }
+        // JSON-RPC: the id, the reserved code, the data.
+        let rpc = |id: Value, code: i64, data: Value| {
+            json!({"jsonrpc": "2.0", "id": id,
+                "error": {"code": code, "message": "no", "data": data}})
+        };
+        let data = json!({"loopgate_code": "invalid_json", "retryable": false, "request_id": rid});
+        let ok = rpc(json!(7), -32700, data.clone());
+        resp(200, &head("invalid_json"), ok.clone()).assert_rpc_error(
+            200,
+            json!(7),
+            "invalid_json",
+        );
+        resp(200, &head("invalid_json"), json!([ok.clone()])).assert_error(
+            200,
+            "invalid_json",
+            &Wire::RpcBatch(json!(7)),
+        );
+        let mut no_rid = data.clone();
+        no_rid.as_object_mut().unwrap().remove("request_id");
+        for body in [
+            rpc(json!(8), -32700, data.clone()),
+            rpc(json!(7), -32001, data.clone()),
+            rpc(json!(7), -32700, no_rid),
+            json!([ok.clone()]),
+            json_err(good.clone()),
+        ] {
+            let r = resp(200, &head("invalid_json"), body);
+            assert!(fails(move || r.assert_rpc_error(
+                200,
+                json!(7),
+                "invalid_json"
+            )));
+        }
+    }
+
+    /// What `requests()` cannot see, `connections()` and `heads()` do: a
+    /// connection that sends nothing the mock can parse, and a head whose
+    /// body never ends.
+    #[test]
+    fn the_mock_counts_what_it_could_not_record() {
+        let mock = Mock::start();
+        assert_eq!((mock.connections(), mock.heads()), (0, 0));
+        let mut s = TcpStream::connect(mock.addr).unwrap();
+        s.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: m\r\nContent-Length: 100\r\n\r\n{\"a\"",
+        )
+        .unwrap();
+        assert!(eventually(5, || mock.heads() == 1));
+        drop(s);
+        let mut s = TcpStream::connect(mock.addr).unwrap();
+        s.write_all(b"POST / HTTP/1.1\r\nContent-Length: 1, 2\r\n\r\n")
+            .unwrap();
+        drop(s);
+        assert!(eventually(5, || mock.connections() == 2));
+        assert_eq!(mock.heads(), 1);
+        assert!(mock.requests().is_empty(), "recorded only when whole");
+    }
+
+    #[test]
+    fn an_absent_sample_is_not_zero() {
+        let page =
+            "# HELP x y\nloopgate_a_total{code=\"x\"} 0\nloopgate_a_total_more 3\nloopgate_b 2.5\n";
+        assert_eq!(
+            sample_value(page, r#"loopgate_a_total{code="x"}"#),
+            Some(0.0)
+        );
+        assert_eq!(sample_value(page, "loopgate_b"), Some(2.5));
+        assert_eq!(sample_value(page, r#"loopgate_a_total{code="y"}"#), None);
+        // A longer name that starts with the sample is another series.
+        assert_eq!(sample_value(page, "loopgate_a_total_mor"), None);
+        assert_eq!(sample_value(page, "loopgate_a"), None);
+    }
 
     #[test]
     fn a_listener_is_told_apart_by_the_process_holding_it() {

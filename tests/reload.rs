@@ -77,9 +77,10 @@ fn reload_adds_an_agent_and_a_broken_file_keeps_the_old_config() {
             "modelz: [gpt-4o-mini]\n    requests",
         )
     });
+    // The first failed reload is what creates the sample.
     assert!(eventually(10, || gw
-        .metric(r#"loopgate_config_reloads_total{result="error"}"#)
-        >= 1.0));
+        .metric_or_absent(r#"loopgate_config_reloads_total{result="error"}"#)
+        .is_some_and(|n| n >= 1.0)));
     // Both agents still work exactly as before.
     assert_eq!(chat(&gw, NEW_KEY), 200);
     assert_eq!(chat(&gw, AGENT_KEY), 429);
@@ -93,14 +94,16 @@ fn reload_adds_an_agent_and_a_broken_file_keeps_the_old_config() {
 fn sighup_reloads() {
     let mock = Mock::start();
     let gw = Gateway::start(&config(&mock, ""));
-    let before = gw.metric(r#"loopgate_config_reloads_total{result="ok"}"#);
+    // No reload yet: the sample appears with the first.
+    let before = gw.metric_or_absent(r#"loopgate_config_reloads_total{result="ok"}"#);
+    assert_eq!(before, None, "a reload before any was asked for");
     let status = Command::new("kill")
         .args(["-HUP", &gw.pid().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
-    assert!(eventually(10, || gw
-        .metric(r#"loopgate_config_reloads_total{result="ok"}"#)
-        > before));
+    assert!(eventually(10, || gw.metric_or_absent(
+        r#"loopgate_config_reloads_total{result="ok"}"#
+    ) == Some(1.0)));
     assert_eq!(chat(&gw, AGENT_KEY), 200, "still serving after SIGHUP");
 }

@@ -229,6 +229,7 @@ fn every_tool_denial_is_answered_without_forwarding() {
     let big = vec![b'x'; 2_097_153];
     curl_body(&[&gw.url("/tools/orders/orders"), "-H", &key], &big)
         .assert_gateway_error(413, "body_too_large");
+    assert_eq!(mock.connections(), 0, "a refused body reached the tool");
     assert!(mock.requests().is_empty(), "{:?}", mock.requests());
 }
 

@@ -616,6 +616,134 @@ mod tests {
         assert!(!ResourceMatcher::default().check("file:///a").unwrap());
     }
 
+    /// What one piece of a generated URI makes of the whole under the
+    /// grant `file:///public/*`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Piece {
+        /// Read one way, and compatible with being under the prefix.
+        In,
+        /// Read one way, and outside the prefix whatever the rest is.
+        Out,
+        /// Readable more than one way (or not at all): refused.
+        Ambiguous,
+    }
+
+    type Labelled = (&'static str, Piece);
+
+    /// Mostly `In`, so that about a quarter of the URIs are admitted and
+    /// the "admitted" direction is checked as often as the others.
+    fn piece(
+        inside: &'static [Labelled],
+        outside: &'static [Labelled],
+        ambiguous: &'static [Labelled],
+    ) -> impl Strategy<Value = Labelled> {
+        use proptest::sample::select;
+        prop_oneof![
+            8 => select(inside),
+            1 => select(outside),
+            1 => select(ambiguous),
+        ]
+    }
+
+    /// A path segment after `/public`; an empty one is labelled where the
+    /// URI is put together (it is `//` unless it is the last).
+    fn segment() -> impl Strategy<Value = Labelled> {
+        use proptest::sample::select;
+        prop_oneof![
+            10 => select(&[
+                ("a", Piece::In), ("b.txt", Piece::In), ("%61", Piece::In),
+                (".hidden", Piece::In), ("a..b", Piece::In), ("a;v=1", Piece::In),
+                ("x%3fy", Piece::In), ("100%25", Piece::In), ("%e2%82%ac", Piece::In),
+                ("a%20b", Piece::In), ("...x", Piece::In),
+            ][..]),
+            3 => select(&[
+                (".", Piece::Ambiguous), ("..", Piece::Ambiguous), ("%2e", Piece::Ambiguous),
+                ("%2E%2e", Piece::Ambiguous), (".%2e", Piece::Ambiguous), ("..;", Piece::Ambiguous),
+                ("..;x=1", Piece::Ambiguous), ("...", Piece::Ambiguous), ("a%2fb", Piece::Ambiguous),
+                ("a%5cb", Piece::Ambiguous), ("a\\b", Piece::Ambiguous), ("%252e", Piece::Ambiguous),
+                ("%2541", Piece::Ambiguous), ("%", Piece::Ambiguous), ("%zz", Piece::Ambiguous),
+                ("a%2", Piece::Ambiguous), ("%00", Piece::Ambiguous), ("%7f", Piece::Ambiguous),
+                ("%ff", Piece::Ambiguous), ("%c2%85", Piece::Ambiguous), ("a\tb", Piece::Ambiguous),
+            ][..]),
+            1 => Just(("", Piece::In)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// URIs built from labelled pieces: `file:///public/*` admits one
+        /// exactly when every piece reads one way and together they name
+        /// something strictly under `/public` (refusing a valid one fails
+        /// as surely as admitting an outside one); it refuses one exactly
+        /// when a piece is ambiguous; an admitted URI's canonical form is
+        /// inside the prefix and stable.
+        #[test]
+        fn admitted_exactly_when_under_the_prefix(
+            scheme in piece(
+                &[("file", Piece::In), ("FILE", Piece::In), ("File", Piece::In)],
+                &[("https", Piece::Out), ("files", Piece::Out), ("f+ile", Piece::Out)],
+                &[("fi%6ce", Piece::Ambiguous), ("", Piece::Ambiguous), ("1file", Piece::Ambiguous)],
+            ),
+            authority in piece(
+                &[("//", Piece::In)],
+                &[("//h", Piece::Out), ("//H", Piece::Out), ("", Piece::Out), ("//u@", Piece::Out)],
+                &[("//h%6f", Piece::Ambiguous)],
+            ),
+            first in piece(
+                &[("public", Piece::In), ("%70ublic", Piece::In), ("publi%63", Piece::In)],
+                &[("Public", Piece::Out), ("public-x", Piece::Out), ("publicity", Piece::Out),
+                  ("public.", Piece::Out), ("publ", Piece::Out), ("public;v=1", Piece::Out)],
+                &[("..", Piece::Ambiguous), ("%2e%2e", Piece::Ambiguous), ("public%2fa", Piece::Ambiguous)],
+            ),
+            rest in proptest::collection::vec(segment(), 0..4),
+            tail in prop_oneof![
+                8 => proptest::sample::select(&[
+                    ("", Piece::In), ("?q=1", Piece::In), ("#f", Piece::In),
+                    ("?q=a%20b", Piece::In), ("?", Piece::In),
+                ][..]),
+                1 => proptest::sample::select(&[
+                    ("?q=%", Piece::Ambiguous), ("#%zz", Piece::Ambiguous), ("?q=%2", Piece::Ambiguous),
+                ][..]),
+            ],
+        ) {
+            let mut path = format!("/{}", first.0);
+            let mut pieces = vec![scheme.1, authority.1, first.1, tail.1];
+            for (i, (seg, label)) in rest.iter().enumerate() {
+                path.push('/');
+                path.push_str(seg);
+                let last = i + 1 == rest.len();
+                pieces.push(match (*seg, last) {
+                    // `//` inside the path is read two ways.
+                    ("", false) => Piece::Ambiguous,
+                    // A trailing `/` right after `/public` names nothing under it.
+                    ("", true) if i == 0 => Piece::Out,
+                    _ => *label,
+                });
+            }
+            if rest.is_empty() {
+                // `/public` itself is not under `/public`.
+                pieces.push(Piece::Out);
+            }
+            let uri = format!("{}:{}{path}{}", scheme.0, authority.0, tail.0);
+            let expected = if pieces.contains(&Piece::Ambiguous) {
+                None
+            } else {
+                Some(!pieces.contains(&Piece::Out))
+            };
+            let m = matcher(&["file:///public/*"]);
+            let got = m.check(&uri);
+            prop_assert_eq!(got.ok(), expected, "{} ({:?}): {:?}", uri, pieces, got);
+            if expected == Some(true) {
+                let u = ResourceUri::parse(&uri).unwrap();
+                prop_assert!(u.as_str().starts_with("file:///public/"), "{} -> {}", uri, u);
+                let again = ResourceUri::parse(u.as_str()).unwrap();
+                prop_assert_eq!(again.as_str(), u.as_str());
+                prop_assert!(m.check(u.as_str()).unwrap());
+            }
+        }
+    }
+
     proptest! {
         /// Random URIs from a hostile alphabet: whatever is admitted under
         /// `file:///public/*` is canonically inside it, and the canonical

@@ -7,8 +7,10 @@
 //! for every request from the command line (see [`Faults`]). It records the
 //! last requests it received (headers, body length and SHA-256, and the
 //! body itself up to 128 KiB) at `GET /_mock/requests`, so tests can see
-//! exactly what reached a provider,
-//! and counts accepted connections and requests at `GET /_mock/stats`.
+//! exactly what reached a provider, and counts accepted connections,
+//! request heads read (whole body or not) and requests recorded at
+//! `GET /_mock/stats`: a request forwarded with framing the mock cannot
+//! parse still shows as a connection, one whose body never ends as a head.
 //!
 //! With `--strict` (or `x-mock-strict: 1`) it refuses output limits as the
 //! real providers do ([`strict`]).
@@ -65,6 +67,8 @@ pub struct MockState {
     options: MockOptions,
     seq: AtomicU64,
     connections: AtomicU64,
+    /// Request heads read, counted before the body is.
+    heads: AtomicU64,
     recorded: Mutex<VecDeque<Recorded>>,
 }
 
@@ -74,6 +78,7 @@ impl MockState {
             options,
             seq: AtomicU64::new(0),
             connections: AtomicU64::new(0),
+            heads: AtomicU64::new(0),
             recorded: Mutex::new(VecDeque::with_capacity(RECORD_LIMIT)),
         })
     }
@@ -185,6 +190,7 @@ async fn serve_connection(mut stream: Stream, state: Arc<MockState>) {
             Ok(true) => {}
             _ => return,
         }
+        state.heads.fetch_add(1, Ordering::Relaxed);
         let rf = faults::ResponseFaults::from_headers(&session.req_header().headers);
         if !RESPONSE_FAULTS
             .scope(rf, handle(&mut session, &state))
@@ -229,6 +235,7 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
     if path == "/_mock/stats" {
         let stats = json!({
             "connections": state.connections.load(Ordering::Relaxed),
+            "heads": state.heads.load(Ordering::Relaxed),
             "requests": state.seq.load(Ordering::Relaxed),
         });
         return write_json(session, 200, &stats, &[]).await;

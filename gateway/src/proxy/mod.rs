@@ -32,6 +32,7 @@ mod observe;
 mod request;
 mod respond;
 mod routing;
+mod test_fault;
 mod tools;
 mod upstream;
 
@@ -70,6 +71,9 @@ pub struct Gateway {
     streaks: FailureStreaks,
     /// Request bodies held while admission reads them (see `buffers`).
     bodies: Arc<buffers::BodyBuffers>,
+    /// Tests only: a gateway failure on purpose after routing (see
+    /// `test_fault`); `None` unless `LOOPGATE_TEST_FAULT` is set.
+    test_fault: Option<test_fault::TestFault>,
 }
 
 impl Gateway {
@@ -92,6 +96,7 @@ impl Gateway {
             watchdog: Watchdog::new(),
             streaks: FailureStreaks::new(),
             bodies: Arc::default(),
+            test_fault: test_fault::TestFault::from_env(),
         }
     }
 
@@ -175,7 +180,12 @@ impl ProxyHttp for Gateway {
         req: &mut RequestHeader,
         ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
-        let done = self.rewrite_request(req, ctx);
+        let done = match &self.test_fault {
+            Some(f) => f
+                .check(ctx.admitted.as_ref().map(|a| &*a.agent))
+                .and_then(|()| self.rewrite_request(req, ctx)),
+            None => self.rewrite_request(req, ctx),
+        };
         done.map_err(|e| failure::gateway_fault(&ctx.request_id, "the upstream request", e))
     }
 
