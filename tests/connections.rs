@@ -389,3 +389,91 @@ fn bad_connection_limits_name_the_field() {
         assert!(text.contains(named), "{listen}: {text}");
     }
 }
+
+/// A client may half-close after its whole request (`nc -N`, HTTP/1.0
+/// style): it is answered, and the access log says what happened upstream.
+#[test]
+fn a_half_closed_client_is_answered_and_logged_truly() {
+    let mock = Mock::start();
+    let dir = scratch_dir("half-close");
+    let log = dir.join("access.log");
+    let gw = Gateway::start(&format!(
+        "{}\naccess_log: {{ path: \"{}\" }}\n",
+        default_config(&mock),
+        log.display()
+    ));
+    for i in 0..5 {
+        let mut s = TcpStream::connect(gw.addr).unwrap();
+        let req = chat_request("close").replace(
+            "Connection: close\r\n",
+            // Slow enough that the FIN arrives while the upstream works.
+            "Connection: close\r\nx-mock-latency-ms: 200\r\n",
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer)
+            .expect("an answer, then the close");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 200"), "{i}: {text:?}");
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .expect("content-length");
+        assert_eq!(body.len(), len, "{i}: the whole body");
+        assert!(body.contains("chat.completion"), "{i}: {body}");
+    }
+    assert_eq!(mock.requests().len(), 5);
+    assert!(eventually(5, || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() >= 5)
+    }));
+    for line in std::fs::read_to_string(&log).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["status"], 200, "{v}");
+        assert_eq!(v["provider"], "oa", "{v}");
+        assert_eq!(v["decision"], "allow", "{v}");
+        assert_eq!(v["upstream_status"], 200, "{v}");
+    }
+}
+
+/// An agent that leaves mid-stream: the log names the provider the request
+/// went to and `client_closed`, not a bad request.
+#[test]
+fn an_agent_that_leaves_mid_stream_is_logged_as_such() {
+    let mock = Mock::start();
+    let dir = scratch_dir("client-left");
+    let log = dir.join("access.log");
+    let gw = Gateway::start(&format!(
+        "{}\naccess_log: {{ path: \"{}\" }}\n",
+        default_config(&mock),
+        log.display()
+    ));
+    let body =
+        r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\r\nContent-Type: application/json\r\nx-mock-chunks: 50\r\nx-mock-chunk-delay-ms: 50\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut first = [0u8; 64];
+    let n = s.read(&mut first).unwrap();
+    assert!(first[..n].starts_with(b"HTTP/1.1 200"));
+    drop(s);
+    assert!(eventually(10, || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() == 1)
+    }));
+    let line = std::fs::read_to_string(&log).unwrap();
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(v["code"], "client_closed", "{v}");
+    assert_eq!(v["provider"], "oa", "{v}");
+    assert_eq!(v["upstream_status"], 200, "{v}");
+    assert_eq!(mock.requests().len(), 1);
+}

@@ -13,6 +13,7 @@
 use crate::metrics::Metrics;
 use serde::Serialize;
 use std::io::{BufWriter, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -32,6 +33,9 @@ pub enum Target {
 pub struct AccessLog {
     pending: Option<Arc<Mutex<Vec<u8>>>>,
     metrics: Arc<Metrics>,
+    /// For a file: set to ask the writer to reopen it (after logrotate
+    /// moved it away), on SIGUSR1 or `POST /admin/access-log/reopen`.
+    reopen: Option<Arc<AtomicBool>>,
 }
 
 impl AccessLog {
@@ -42,26 +46,41 @@ impl AccessLog {
                 return Ok(AccessLog {
                     pending: None,
                     metrics,
+                    reopen: None,
                 })
             }
             Target::Stdout => Box::new(std::io::stdout()),
             Target::Stderr => Box::new(std::io::stderr()),
-            Target::File(path) => Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)?,
-            ),
+            Target::File(path) => Box::new(open_file(path)?),
+        };
+        let reopen = match target {
+            Target::File(path) => Some((path.clone(), Arc::new(AtomicBool::new(false)))),
+            _ => None,
         };
         let pending = Arc::new(Mutex::new(Vec::with_capacity(64 * 1024)));
         let shared = pending.clone();
+        let flag = reopen.as_ref().map(|(_, f)| f.clone());
         std::thread::Builder::new()
             .name("loopgate-access-log".into())
-            .spawn(move || write_lines(shared, out))?;
+            .spawn(move || write_lines(shared, out, reopen))?;
         Ok(AccessLog {
             pending: Some(pending),
             metrics,
+            reopen: flag,
         })
+    }
+
+    /// Asks the writer to reopen the log file by its path at its next
+    /// flush (within 20 ms): lines written before go to the file as it was
+    /// (moved away or not), none is lost. `false` when the log is no file.
+    pub fn reopen(&self) -> bool {
+        match &self.reopen {
+            Some(flag) => {
+                flag.store(true, Ordering::Release);
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn enabled(&self) -> bool {
@@ -93,7 +112,18 @@ thread_local! {
     static LINE: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(1024));
 }
 
-fn write_lines(pending: Arc<Mutex<Vec<u8>>>, out: Box<dyn Write + Send>) {
+fn open_file(path: &str) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+fn write_lines(
+    pending: Arc<Mutex<Vec<u8>>>,
+    out: Box<dyn Write + Send>,
+    reopen: Option<(String, Arc<AtomicBool>)>,
+) {
     let mut out = BufWriter::with_capacity(256 * 1024, out);
     let mut batch = Vec::with_capacity(64 * 1024);
     loop {
@@ -106,6 +136,18 @@ fn write_lines(pending: Arc<Mutex<Vec<u8>>>, out: Box<dyn Write + Send>) {
             let _ = out.write_all(&batch);
             let _ = out.flush();
             batch.clear();
+        }
+        // After the lines already taken went to the old file.
+        if let Some((path, flag)) = &reopen {
+            if flag.swap(false, Ordering::AcqRel) {
+                match open_file(path) {
+                    Ok(f) => out = BufWriter::with_capacity(256 * 1024, Box::new(f)),
+                    // Keep writing where we were rather than lose lines.
+                    Err(e) => log::warn!(
+                        "access log {path:?}: cannot reopen ({e}); still writing to the old file"
+                    ),
+                }
+            }
         }
     }
 }
@@ -474,6 +516,7 @@ mod tests {
         let log = AccessLog {
             pending: Some(pending.clone()),
             metrics: metrics.clone(),
+            reopen: None,
         };
         let r = Record::default();
         log.write(&r);

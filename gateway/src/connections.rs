@@ -428,6 +428,12 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for Limited<A> {
                 false => Some(limits.idle_timeout.as_secs().max(1)),
             };
             session.set_keepalive(idle);
+            // A client may half-close after its request (RFC 9112 9.6:
+            // `nc -N`, HTTP/1.0-style clients): it is still owed the
+            // answer, so a FIN after the request does not abort the
+            // exchange. A client that is really gone is seen when the
+            // answer's write fails.
+            session.set_abort_on_close(false);
             if let Some(s) = settings.take() {
                 s.apply_to_session(&mut session);
             }

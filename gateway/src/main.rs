@@ -63,10 +63,12 @@ enum Command {
         #[command(flatten)]
         faults: FaultArgs,
     },
-    /// Start the mock and the gateway with conf/demo.yaml and print examples.
+    /// Start the mock and the gateway with the demo config and print examples.
     Demo {
-        #[arg(long, default_value = "conf/demo.yaml")]
-        config: PathBuf,
+        /// A config file to run instead of the built-in demo config (a copy
+        /// of the repository's conf/demo.yaml, carried by the binary).
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Where the mock listens; conf/demo.yaml points its providers here.
         #[arg(long, default_value = "127.0.0.1:18081")]
         mock_listen: SocketAddr,
@@ -129,7 +131,7 @@ fn main() -> ExitCode {
         Command::Demo {
             config,
             mock_listen,
-        } => demo(&config, mock_listen),
+        } => demo(config, mock_listen),
     }
 }
 
@@ -228,7 +230,32 @@ fn mock(listen: SocketAddr, threads: usize, faults: FaultArgs) -> ExitCode {
     }
 }
 
-fn demo(path: &Path, mock_listen: SocketAddr) -> ExitCode {
+/// The demo config, carried by the binary so that `loopgate demo` works
+/// from any directory and from an installed binary.
+const DEMO_CONFIG: &str = include_str!("../../conf/demo.yaml");
+
+/// Writes the built-in demo config to a file of its own (the gateway
+/// watches its file: edit it and the demo reloads) and returns its path.
+fn demo_config_file() -> std::io::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("loopgate-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("demo.yaml");
+    std::fs::write(&path, DEMO_CONFIG)?;
+    Ok(path)
+}
+
+fn demo(config: Option<PathBuf>, mock_listen: SocketAddr) -> ExitCode {
+    let path = match config {
+        Some(p) => p,
+        None => match demo_config_file() {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("demo: cannot write the demo config to a temporary file: {e}");
+                return ExitCode::from(1);
+            }
+        },
+    };
+    let path = path.as_path();
     let env = |name: &str| match name {
         DEMO_UPSTREAM_KEY_ENV => {
             Some(std::env::var(name).unwrap_or_else(|_| "mock-upstream-secret".to_string()))
@@ -257,12 +284,14 @@ fn demo(path: &Path, mock_listen: SocketAddr) -> ExitCode {
     let admin = cfg
         .admin_listen
         .map_or_else(|| "(no admin listener)".to_string(), |a| a.to_string());
+    let config = path.display();
     println!(
         r#"
 Loopgate demo
   mock provider   http://{mock_addr}   (recorded requests: curl -s http://{mock_addr}/_mock/requests)
   gateway         {gw}
   agent key       {DEMO_AGENT_KEY}
+  config          {config}   (edit it: the gateway reloads)
 
 Chat completion (OpenAI shape):
   curl -s {gw}/v1/chat/completions -H 'Authorization: Bearer {DEMO_AGENT_KEY}' \

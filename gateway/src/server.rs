@@ -65,6 +65,7 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
             }
         }
     };
+    reopen_on_sigusr1(access_log.clone());
 
     let conf = ServerConf {
         threads,
@@ -93,7 +94,7 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
             clock.clone(),
             metrics.clone(),
             breakers.clone(),
-            access_log,
+            access_log.clone(),
         ),
     );
     let nofile = crate::connections::raise_nofile();
@@ -126,6 +127,7 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
             clock,
             path: reload_path,
             shared,
+            access_log,
         };
         let mut svc = Service::new("loopgate admin".to_string(), admin_app);
         svc.add_tcp(&admin.to_string());
@@ -134,6 +136,27 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
     }
     log::info!("loopgate listening on {listen}");
     server.run_forever()
+}
+
+/// Reopens a file access log on SIGUSR1, as nginx does, so logrotate can
+/// move it away and signal.
+fn reopen_on_sigusr1(log: Arc<AccessLog>) {
+    match signal_hook::iterator::Signals::new([signal_hook::consts::SIGUSR1]) {
+        Ok(mut signals) => {
+            let _ = std::thread::Builder::new()
+                .name("loopgate-sigusr1".into())
+                .spawn(move || {
+                    for _ in signals.forever() {
+                        if !log.reopen() {
+                            log::info!("SIGUSR1: the access log is no file; nothing to reopen");
+                        }
+                    }
+                });
+        }
+        Err(e) => log::warn!(
+            "cannot listen for SIGUSR1 ({e}); reopen the access log through the admin API"
+        ),
+    }
 }
 
 fn resolve_all(cfg: &Config) {
@@ -167,6 +190,7 @@ struct Admin {
     path: PathBuf,
     /// The Redis side of shared state, when configured.
     shared: Option<Arc<Shared>>,
+    access_log: Arc<AccessLog>,
 }
 
 impl Admin {
@@ -288,6 +312,13 @@ impl ServeHttp for Admin {
                     }
                 }
             }
+            ("/admin/access-log/reopen", _, true) => match self.access_log.reopen() {
+                true => json_response(200, &serde_json::json!({"ok": true})),
+                false => json_response(
+                    409,
+                    &serde_json::json!({"error": {"code": "not_a_file", "message": "the access log is not written to a file"}}),
+                ),
+            },
             (p, _, true) if breaker_to_reset(p).is_some() => {
                 let key = percent_decode(breaker_to_reset(p).unwrap_or_default());
                 if let Some(s) = &self.shared {
@@ -322,7 +353,7 @@ impl ServeHttp for Admin {
                 }
             }
             ("/health" | "/ready" | "/metrics" | "/admin/breakers" | "/admin/config", false, _)
-            | ("/admin/reload", _, false) => json_response(
+            | ("/admin/reload" | "/admin/access-log/reopen", _, false) => json_response(
                 405,
                 &serde_json::json!({"error": {"code": "method_not_allowed"}}),
             ),

@@ -150,6 +150,9 @@ pub struct RequestCtx {
     pub breaker_key: Option<Arc<str>>,
     /// The provider that served the response.
     pub served_by: Option<Arc<str>>,
+    /// The provider the request was last sent to, answered or not: what
+    /// the access log names when no answer came (the agent left first).
+    pub sent_to: Option<Arc<str>>,
     /// The API family of the provider that answered (for SSE error events).
     pub served_kind: Option<crate::config::ProviderKind>,
     /// Request body bytes (as judged).
@@ -200,6 +203,7 @@ impl RequestCtx {
             ttfb: None,
             breaker_key: None,
             served_by: None,
+            sent_to: None,
             served_kind: None,
             bytes_in: 0,
             streaming: false,
@@ -237,6 +241,7 @@ impl RequestCtx {
 #[derive(Debug, Default, Clone)]
 pub struct SubReport {
     pub served_by: Option<Arc<str>>,
+    pub sent_to: Option<Arc<str>>,
     pub fallback_from: Option<Arc<str>>,
     pub upstream_status: Option<u16>,
     pub ttfb: Option<Duration>,

@@ -96,6 +96,7 @@ pub async fn forward(
     let sub = report.lock().ok().and_then(|mut r| r.take());
     if let Some(r) = sub {
         ctx.served_by = r.served_by;
+        ctx.sent_to = r.sent_to;
         ctx.fallback.from = r.fallback_from;
         ctx.upstream_status = r.upstream_status;
         ctx.ttfb = r.ttfb;
@@ -181,6 +182,7 @@ pub fn report(ctx: &RequestCtx) -> bool {
     if let Ok(mut r) = report.lock() {
         *r = Some(SubReport {
             served_by: ctx.served_by.clone(),
+            sent_to: ctx.sent_to.clone(),
             fallback_from: ctx.fallback.from.clone(),
             upstream_status: ctx.upstream_status,
             ttfb: ctx.ttfb,

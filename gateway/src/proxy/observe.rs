@@ -56,7 +56,9 @@ pub fn record(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, now: st
     let status = session.response_written().map_or(0, |r| r.status.as_u16());
     let adm = ctx.admitted.clone();
     let agent = ctx.agent.as_deref().unwrap_or("-");
-    let provider = ctx.served_by.as_deref();
+    // Who answered; else, where the request went (no answer came: the
+    // agent left first, or the exchange broke).
+    let provider = ctx.served_by.as_deref().or(ctx.sent_to.as_deref());
     let route = adm.as_ref().map(|a| a.route_name.as_ref());
     let decision = decision(ctx.error_code);
     let upstream = ctx.upstream_first_at.map(|t| {

@@ -226,7 +226,9 @@ pub async fn write_failure(
             super::failure::map_transport_error(e, &super::upstream::provider_name(ctx))
         });
     if super::failure::dead_client(e) {
-        ctx.error_code = Some(answer.code());
+        // The agent went away (or reset): nothing can be answered, and the
+        // log says so rather than call its request bad.
+        ctx.error_code = Some(CLIENT_CLOSED);
         return 0;
     }
     if response_started(session) {
@@ -244,6 +246,10 @@ pub async fn write_failure(
     metrics.denied(answer.code());
     write_error(session, ctx, &answer).await
 }
+
+/// The access log's code for an exchange the agent left before its
+/// answer was written (nginx logs it as 499).
+pub const CLIENT_CLOSED: &str = "client_closed";
 
 /// Whether a final (non-1xx) response header went out; a `100 Continue` we
 /// sent before reading the body does not count.

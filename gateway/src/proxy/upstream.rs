@@ -101,6 +101,8 @@ impl Gateway {
         // until the read timeout; never reusing one idle this long avoids it.
         o.idle_timeout = Some(POOL_IDLE_TIMEOUT);
         ctx.attempt = Some(attempt);
+        // Named again once this attempt's request is sent.
+        ctx.sent_to = None;
         Ok(Box::new(peer))
     }
 
@@ -255,6 +257,7 @@ impl Gateway {
         let now = Instant::now();
         ctx.upstream_started = Some(now);
         ctx.upstream_first_at.get_or_insert(now);
+        ctx.sent_to = ctx.attempt.as_ref().map(|a| a.picked.provider.name.clone());
         Ok(())
     }
 
