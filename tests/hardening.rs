@@ -195,3 +195,195 @@ fn mcp_resource_uris_with_dot_segments_after_a_query_or_fragment_are_refused() {
     }
     assert_eq!(mock.requests().len(), 0, "nothing reached the server");
 }
+
+const FLOOD_KEY: &str = "hardening-flood-key-0008";
+
+/// One agent's fresh task ids, refused calls included, never push out
+/// another agent's guard state or MCP sessions.
+#[test]
+fn one_agent_cannot_switch_off_another_agents_guards() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+threads: 2
+state: {{ backend: memory, tasks_per_agent: 20, sessions_per_agent: 2 }}
+providers:
+  oa:
+    kind: openai_compatible
+    base_url: "{mock}"
+    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
+    breaker: {{ consecutive_failures: 2, open_ms: 1500, isolate_by: agent }}
+routes:
+  - models: [gpt-4o-mini]
+    targets: [ {{ provider: oa }} ]
+mcp_servers:
+  files:
+    url: "{mock}/mcp"
+agents:
+  victim:
+    key_sha256: "{victim}"
+    models: [gpt-4o-mini]
+    loop_guard: {{ window: 10, repeats: 3 }}
+    watchdog: {{ red: {{ steps: 5 }}, action: stop }}
+    mcp_access:
+      files: {{ tools: [read_file] }}
+  flooder:
+    key_sha256: "{flood}"
+    models: [gpt-4o-mini]
+    loop_guard: {{ window: 10, repeats: 3 }}
+    watchdog: {{ red: {{ steps: 5 }}, action: stop }}
+    mcp_access:
+      files: {{ tools: [read_file] }}
+"#,
+        mock = mock.url(),
+        victim = sha256_hex(AGENT_KEY.as_bytes()),
+        flood = sha256_hex(FLOOD_KEY.as_bytes()),
+    ));
+    let task = |t: &str| format!("x-agent-task-id: {t}");
+    let initialize = |key: &str| {
+        curl(&[
+            "-X",
+            "POST",
+            &gw.url("/mcp/files"),
+            "-H",
+            &auth(key),
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "accept: application/json, text/event-stream",
+            "--data-binary",
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).to_string(),
+        ])
+    };
+    // The victim's state: a loop two calls in, a watchdog four steps in,
+    // an MCP session.
+    let mut differing = hi("gpt-4o-mini");
+    for _ in 0..2 {
+        assert_eq!(
+            chat(&gw, AGENT_KEY, &[&task("loop-1")], &hi("gpt-4o-mini")).status,
+            200
+        );
+    }
+    for i in 0..4 {
+        differing["messages"][0]["content"] = json!(format!("step {i}"));
+        assert_eq!(
+            chat(&gw, AGENT_KEY, &[&task("steps-1")], &differing).status,
+            200
+        );
+    }
+    let r = initialize(AGENT_KEY);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sid = r.header("mcp-session-id").unwrap().to_string();
+
+    // The flood: fresh task ids, five times the per-agent bound, half of
+    // them refused by the flooder's own open breaker; sessions past its
+    // bound.
+    for i in 0..100 {
+        let status = if i % 2 == 0 { "500" } else { "200" };
+        chat(
+            &gw,
+            FLOOD_KEY,
+            &[
+                &task(&format!("f-{i}")),
+                &format!("x-mock-status: {status}"),
+            ],
+            &hi("gpt-4o-mini"),
+        );
+    }
+    for _ in 0..2 {
+        assert_eq!(initialize(FLOOD_KEY).status, 200);
+    }
+    // Past its session bound: refused in-band (JSON-RPC answers a judged
+    // message with HTTP 200), the session id withheld.
+    let r = initialize(FLOOD_KEY);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["id"], 1);
+    assert_eq!(
+        r.json()["error"]["data"]["loopgate_code"],
+        "too_many_in_flight"
+    );
+    assert!(r.header("mcp-session-id").is_none(), "{r:?}");
+
+    // The victim's guards still hold.
+    chat(&gw, AGENT_KEY, &[&task("loop-1")], &hi("gpt-4o-mini"))
+        .assert_gateway_error(409, "loop_detected");
+    differing["messages"][0]["content"] = json!("step 4");
+    chat(&gw, AGENT_KEY, &[&task("steps-1")], &differing).assert_gateway_error(429, "task_stopped");
+    let r = curl(&[
+        "-X",
+        "POST",
+        &gw.url("/mcp/files"),
+        "-H",
+        &auth(AGENT_KEY),
+        "-H",
+        &format!("mcp-session-id: {sid}"),
+        "-H",
+        "content-type: application/json",
+        "-H",
+        "accept: application/json, text/event-stream",
+        "--data-binary",
+        r#"{"jsonrpc":"2.0","id":2,"method":"ping","params":{}}"#,
+    ]);
+    assert_eq!(r.status, 200, "the victim's session lives: {}", r.text());
+}
+
+/// A call refused because every target's circuit is open makes no task
+/// state: once the circuit closes, the same call is not a repeat.
+#[test]
+fn calls_refused_by_an_open_circuit_leave_no_task_state() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+threads: 2
+providers:
+  oa:
+    kind: openai_compatible
+    base_url: "{mock}"
+    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
+    breaker: {{ consecutive_failures: 1, open_ms: 1000 }}
+routes:
+  - models: [gpt-4o-mini]
+    targets: [ {{ provider: oa }} ]
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: [gpt-4o-mini]
+    loop_guard: {{ window: 10, repeats: 3 }}
+"#,
+        mock = mock.url(),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+    ));
+    let r = chat(&gw, AGENT_KEY, &["x-mock-status: 500"], &hi("gpt-4o-mini"));
+    assert_eq!(r.status, 500);
+    let before = mock.requests().len();
+    for _ in 0..3 {
+        chat(
+            &gw,
+            AGENT_KEY,
+            &["x-agent-task-id: t-1"],
+            &hi("gpt-4o-mini"),
+        )
+        .assert_gateway_error(503, "circuit_open");
+    }
+    assert_eq!(mock.requests().len(), before);
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    // Three refused identical calls counted nothing: these two pass.
+    for _ in 0..2 {
+        let r = chat(
+            &gw,
+            AGENT_KEY,
+            &["x-agent-task-id: t-1"],
+            &hi("gpt-4o-mini"),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    chat(
+        &gw,
+        AGENT_KEY,
+        &["x-agent-task-id: t-1"],
+        &hi("gpt-4o-mini"),
+    )
+    .assert_gateway_error(409, "loop_detected");
+}

@@ -256,11 +256,10 @@ fn a_session_belongs_to_the_agent_that_opened_it() {
         &msg(2, "tools/call", json!({"name": "read_file"})),
         &["-H", &format!("mcp-session-id: {sid}")],
     );
-    assert_eq!(r.status, 403);
-    assert_eq!(
-        r.json()["error"]["data"]["loopgate_code"],
-        "session_not_owned"
-    );
+    // Bound under its owner's name: to anyone else it does not exist (404,
+    // as an unknown one; no sign that another agent holds it).
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["data"]["loopgate_code"], "not_found");
     let r = rpc(
         &gw,
         AGENT_KEY,
@@ -417,10 +416,10 @@ fn the_official_mcp_sdk_works_through_the_gateway() {
             v["loop"][2]["loopgate_code"], "loop_detected",
             "{mode}: {v}"
         );
-        assert_eq!(v["hijack"]["status"], 403);
+        assert_eq!(v["hijack"]["status"], 404);
         assert_eq!(
             v["hijack"]["body"]["error"]["data"]["loopgate_code"],
-            "session_not_owned"
+            "not_found"
         );
         // What reached the server: the allowed calls only.
         let calls: Vec<Value> = std::fs::read_to_string(&log)

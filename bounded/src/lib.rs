@@ -18,7 +18,8 @@
 //! 50 to 87% load). See each user's doc for its total.
 
 use lru::LruCache;
-use std::sync::{Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 /// Shards of a large map.
 pub const SHARDS: usize = 16;
@@ -113,7 +114,87 @@ impl<V> BoundedMap<V> {
     }
 }
 
+/// Per-owner bounded maps, so that one owner's keys push out only its
+/// own entries. A key's owner is its text up to the first `/` (the whole
+/// key without one): the callers build keys as `<agent>/<task...>` (or
+/// `<class>:<agent>/...`), where agent names come from the config and may
+/// hold no `/`, so the number of owners is bounded by the config, never by
+/// what an agent sends. Each owner gets a [`BoundedMap`] of `per_owner`
+/// entries, made on its first key (no memory up front).
+pub struct Partitioned<V> {
+    per_owner: usize,
+    owners: RwLock<HashMap<Box<str>, Arc<BoundedMap<V>>, ahash::RandomState>>,
+}
+
+impl<V> std::fmt::Debug for Partitioned<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Partitioned")
+            .field("per_owner", &self.per_owner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The owner part of a key: up to its first `/`.
+pub fn owner_of(key: &str) -> &str {
+    key.split_once('/').map_or(key, |(owner, _)| owner)
+}
+
+impl<V> Partitioned<V> {
+    /// At most `per_owner` entries (at least 1) for each owner.
+    pub fn new(per_owner: usize) -> Partitioned<V> {
+        Partitioned {
+            per_owner: per_owner.max(1),
+            owners: RwLock::default(),
+        }
+    }
+
+    pub fn per_owner(&self) -> usize {
+        self.per_owner
+    }
+
+    /// The map of `key`'s owner, made if it has none yet.
+    pub fn of(&self, key: &str) -> Result<Arc<BoundedMap<V>>, Poisoned> {
+        let owner = owner_of(key);
+        if let Some(m) = self.owners.read().map_err(|_| Poisoned)?.get(owner) {
+            return Ok(m.clone());
+        }
+        let mut owners = self.owners.write().map_err(|_| Poisoned)?;
+        Ok(owners
+            .entry(owner.into())
+            .or_insert_with(|| Arc::new(BoundedMap::new(self.per_owner)))
+            .clone())
+    }
+
+    /// The map of `key`'s owner if it has one (reads make none).
+    pub fn existing(&self, key: &str) -> Result<Option<Arc<BoundedMap<V>>>, Poisoned> {
+        let owners = self.owners.read().map_err(|_| Poisoned)?;
+        Ok(owners.get(owner_of(key)).cloned())
+    }
+
+    /// Entries of every owner (each shard locked in turn: not for the
+    /// request path).
+    pub fn len(&self) -> Result<usize, Poisoned> {
+        let maps: Vec<_> = self
+            .owners
+            .read()
+            .map_err(|_| Poisoned)?
+            .values()
+            .cloned()
+            .collect();
+        maps.iter().try_fold(0, |n, m| Ok(n + m.len()?))
+    }
+
+    pub fn is_empty(&self) -> Result<bool, Poisoned> {
+        Ok(self.len()? == 0)
+    }
+}
+
 impl<V> Shard<V> {
+    /// Whether a new key fits without pushing another entry out.
+    pub fn has_room(&self) -> bool {
+        self.map.len() < self.cap
+    }
+
     /// Drops least recently used entries while `idle` says they are, at
     /// most [`EXPIRE_PER_CALL`]. Returns how many went.
     pub fn expire(&mut self, mut idle: impl FnMut(&V) -> bool) -> usize {
@@ -256,6 +337,29 @@ mod tests {
             m.shard(last).unwrap().peek_mut(last).copied(),
             Some(999_999)
         );
+    }
+
+    #[test]
+    fn one_owner_pushes_out_only_its_own_entries() {
+        let p: Partitioned<u32> = Partitioned::new(100);
+        for i in 0..50 {
+            let k = format!("victim/task-{i}");
+            p.of(&k).unwrap().shard(&k).unwrap().touch(&k, || i);
+        }
+        // A flood of fresh keys from another owner.
+        for i in 0..100_000 {
+            let k = format!("flooder/task-{i}");
+            p.of(&k).unwrap().shard(&k).unwrap().touch(&k, || i);
+        }
+        for i in 0..50 {
+            let k = format!("victim/task-{i}");
+            let m = p.existing(&k).unwrap().unwrap();
+            assert_eq!(m.shard(&k).unwrap().peek_mut(&k).copied(), Some(i));
+        }
+        assert_eq!(p.len().unwrap(), 150);
+        assert_eq!(owner_of("loop:a/b/c"), "loop:a");
+        assert_eq!(owner_of("plain"), "plain");
+        assert!(p.existing("nobody/x").unwrap().is_none());
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! three, and the steps between them break the run.
 
 use crate::set::Unknown;
-use loopgate_bounded::BoundedMap;
+use loopgate_bounded::{BoundedMap, Partitioned};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
@@ -706,9 +706,12 @@ mod tests {
 /// this route or another). Bounded like [`LoopGuard`]: at most
 /// [`MAX_TASKS`] streaks, least recently seen out first, those idle for an
 /// hour (and not isolated) dropped lazily; O(1) per call.
+///
+/// Keys are `agent/task/tool`: each agent has its own bound, so one
+/// agent's fresh task ids push out only its own streaks.
 #[derive(Debug)]
 pub struct FailureStreaks {
-    streaks: BoundedMap<Streak>,
+    streaks: Partitioned<Streak>,
 }
 
 /// A streak not touched for this long is forgotten (once its isolation,
@@ -734,10 +737,10 @@ impl FailureStreaks {
         FailureStreaks::default()
     }
 
-    /// At most `capacity` streaks (at least 1).
+    /// At most `capacity` streaks (at least 1) per agent.
     pub fn with_capacity(capacity: usize) -> FailureStreaks {
         FailureStreaks {
-            streaks: BoundedMap::new(capacity),
+            streaks: Partitioned::new(capacity),
         }
     }
 
@@ -753,12 +756,16 @@ impl FailureStreaks {
 
     /// `Some(retry_after)` while `key` is isolated.
     pub fn isolated(&self, key: &str, now: Duration) -> Result<Option<Duration>, Unknown> {
-        let mut shard = self.streaks.shard(key).map_err(|_| Unknown)?;
-        Ok(shard
+        let Some(owner) = self.streaks.existing(key).map_err(|_| Unknown)? else {
+            return Ok(None);
+        };
+        let mut shard = owner.shard(key).map_err(|_| Unknown)?;
+        let isolated = shard
             .peek_mut(key)
             .and_then(|s| s.isolated_until)
             .filter(|u| *u > now)
-            .map(|u| u - now))
+            .map(|u| u - now);
+        Ok(isolated)
     }
 
     /// Records an answer: `Some(signature)` for a failure (same signature =
@@ -772,7 +779,10 @@ impl FailureStreaks {
         cooldown: Duration,
         now: Duration,
     ) -> bool {
-        let Ok(mut shard) = self.streaks.shard(key) else {
+        let Ok(owner) = self.streaks.of(key) else {
+            return false;
+        };
+        let Ok(mut shard) = owner.shard(key) else {
             return false;
         };
         shard.expire(|s| {
@@ -826,25 +836,28 @@ mod streak_tests {
     #[test]
     fn streaks_stay_within_their_capacity_and_the_most_recent_are_kept() {
         let f = FailureStreaks::with_capacity(1000);
+        f.record("victim/t/tool", Some(500), 1, 30 * S, S);
         for i in 0..100_000u64 {
-            f.record(&format!("t{i}/tool"), Some(500), 2, 30 * S, S);
+            f.record(&format!("ag/t{i}/tool"), Some(500), 2, 30 * S, S);
         }
-        assert_eq!(f.len().unwrap(), 1000);
-        assert!(f.record("t99999/tool", Some(500), 2, 30 * S, S));
-        assert_eq!(f.isolated("t99999/tool", S).unwrap(), Some(30 * S));
+        assert_eq!(f.len().unwrap(), 1001);
+        assert!(f.record("ag/t99999/tool", Some(500), 2, 30 * S, S));
+        assert_eq!(f.isolated("ag/t99999/tool", S).unwrap(), Some(30 * S));
+        // Another agent's flood left this agent's isolation in place.
+        assert_eq!(f.isolated("victim/t/tool", S).unwrap(), Some(30 * S));
     }
 
     #[test]
     fn idle_streaks_go_but_an_isolation_outlives_the_idle_time() {
         let f = FailureStreaks::with_capacity(1000);
         let hour = 3600 * S;
-        f.record("idle", Some(1), 3, S, S);
-        f.record("held", Some(1), 1, 3 * hour, S);
+        f.record("ag/idle", Some(1), 3, S, S);
+        f.record("ag/held", Some(1), 1, 3 * hour, S);
         // Another key's call, past the idle time, drops the idle streak
         // (lazily, from the least recent end) but not the isolation.
-        f.record("other", None, 3, S, 2 * hour);
+        f.record("ag/other", None, 3, S, 2 * hour);
         assert_eq!(f.len().unwrap(), 2);
-        assert_eq!(f.isolated("held", 2 * hour).unwrap(), Some(hour + S));
+        assert_eq!(f.isolated("ag/held", 2 * hour).unwrap(), Some(hour + S));
     }
 
     #[test]

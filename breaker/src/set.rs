@@ -92,6 +92,16 @@ impl BreakerSet {
         }))
     }
 
+    /// How long `key`'s breaker stays open from `now`; `None` when it is
+    /// closed, half-open or unknown. Takes no ticket and changes nothing.
+    pub fn open_for(&self, key: &str, now: Duration) -> Result<Option<Duration>, Unknown> {
+        let map = self.lock()?;
+        Ok(map
+            .get(key)
+            .and_then(|e| e.breaker.open_until_at(now))
+            .map(|until| until.saturating_sub(now)))
+    }
+
     /// Health factor for routing, given the best latency among peers.
     pub fn factor(&self, key: &str, best_latency_ms: Option<f64>) -> Result<f64, Unknown> {
         let map = self.lock()?;

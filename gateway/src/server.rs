@@ -38,7 +38,7 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
     reload::spawn(path, config.clone(), metrics.clone());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::default());
     let breakers = Arc::new(BreakerSet::new());
-    let (store, shared) = match shared::build(&config.load().state) {
+    let (store, shared) = match shared::build(&config.load().state, config.load().bounds) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("state store: {e}");

@@ -3,7 +3,7 @@
 //! the other instances in the background, and reports the store on `/ready`
 //! and in metrics.
 
-use crate::config::runtime::{RedisSettings, StateSettings};
+use crate::config::runtime::{RedisSettings, StateSettings, TaskBounds};
 use crate::config::spec::OnUnavailable;
 use crate::metrics::Metrics;
 use loopgate_breaker::BreakerSet;
@@ -42,9 +42,10 @@ impl Shared {
 pub type Stores = (Arc<dyn StateStore>, Option<Arc<Shared>>);
 
 /// The store for `settings`, and the Redis handle when there is one.
-pub fn build(settings: &StateSettings) -> Result<Stores, String> {
+pub fn build(settings: &StateSettings, bounds: TaskBounds) -> Result<Stores, String> {
     let StateSettings::Redis(r) = settings else {
-        return Ok((Arc::new(MemoryStore::new()), None));
+        let store = MemoryStore::with_capacities(bounds.tasks_per_agent, bounds.sessions_per_agent);
+        return Ok((Arc::new(store), None));
     };
     let redis = RedisStore::start(RedisConfig {
         url: r.url.expose().to_string(),

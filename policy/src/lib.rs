@@ -58,7 +58,7 @@ pub use rewrite::replace_model;
 pub use rules::{AgentKeys, AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, Verdict};
 pub use store::{
     slice_end, slice_of, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease, MemoryStore,
-    Refusal, SlotTake, StateStore, StoreError, WindowTake, SLICES,
+    Refusal, SlotTake, StateStore, StoreError, WindowTake, MAX_SESSIONS, SESSION_PREFIX, SLICES,
 };
 pub use usage::{Usage, UsageScanner};
 pub use watchdog::{Level, Reading, RedAction, Thresholds, Watchdog, WatchdogConfig};

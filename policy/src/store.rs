@@ -20,7 +20,7 @@
 //! each here, and every member in Redis.)
 
 use async_trait::async_trait;
-use loopgate_bounded::BoundedMap;
+use loopgate_bounded::Partitioned;
 use std::collections::VecDeque;
 // ahash, not SipHash: these maps are looked up on every request, and keys
 // agents influence (task ids) still get a randomly keyed, DoS-resistant hash.
@@ -399,20 +399,32 @@ struct Inner {
 
 const SWEEP_EVERY: u64 = 1024;
 
-/// Most records (loop rings, one per task) the memory store keeps; past
-/// it the least recently written goes first, in O(1). About 450 bytes
-/// each with a default ring: some 45 MB when full.
+/// Most records (loop rings, one per task) the memory store keeps for one
+/// owner (see [`StateStore::record_get`]); past it the owner's least
+/// recently written goes first, in O(1), never another owner's. About 450
+/// bytes each with a default ring: some 45 MB for an agent at its bound.
 pub const MAX_RECORDS: usize = 100_000;
+
+/// Keys of MCP session bindings start with this: they are kept apart from
+/// task records and never pushed out to make room; an owner (agent) holds
+/// at most [`MAX_SESSIONS`] of them, and a new one past that is refused.
+pub const SESSION_PREFIX: &str = "mcp-session:";
+
+/// Most live MCP sessions one agent may hold in the memory store.
+pub const MAX_SESSIONS: usize = 10_000;
 
 /// The embedded, single-instance store.
 #[derive(Debug)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
     next_lease: AtomicU64,
-    /// Records live apart from `inner`, sharded and bounded: task ids are
-    /// the agent's choice, so their number must not grow without limit
-    /// nor cost a scan when it is high.
-    records: BoundedMap<Record>,
+    /// Records live apart from `inner`, sharded and bounded per owner:
+    /// task ids are the agent's choice, so their number must not grow
+    /// without limit nor cost a scan when it is high, and one agent's
+    /// must not push out another's.
+    records: Partitioned<Record>,
+    /// MCP session bindings, per owner, never pushed out for room.
+    sessions: Partitioned<Record>,
     /// Every write gets a fresh version, store-wide: a record pushed out
     /// and written again never reuses a version a reader still holds.
     record_version: AtomicU64,
@@ -433,20 +445,36 @@ impl MemoryStore {
         MemoryStore::default()
     }
 
-    /// A store of at most `capacity` records (at least 1).
+    /// A store of at most `capacity` records (at least 1) per owner.
     pub fn with_record_capacity(capacity: usize) -> MemoryStore {
+        MemoryStore::with_capacities(capacity, MAX_SESSIONS)
+    }
+
+    /// At most `records` task records and `sessions` session bindings per
+    /// owner (each at least 1).
+    pub fn with_capacities(records: usize, sessions: usize) -> MemoryStore {
         MemoryStore {
             inner: Mutex::default(),
             next_lease: AtomicU64::new(0),
-            records: BoundedMap::new(capacity),
+            records: Partitioned::new(records),
+            sessions: Partitioned::new(sessions),
             record_version: AtomicU64::new(0),
         }
     }
 
-    /// Records kept now (every shard locked in turn: not for the request
-    /// path).
+    /// Records kept now, sessions included (every shard locked in turn:
+    /// not for the request path).
     pub fn records_len(&self) -> Result<usize, StoreError> {
-        self.records.len().map_err(|_| records_poisoned())
+        let n = self.records.len().map_err(|_| records_poisoned())?;
+        Ok(n + self.sessions.len().map_err(|_| records_poisoned())?)
+    }
+
+    /// The owner map holding `key`: sessions apart from task records.
+    fn records_of(&self, key: &str) -> &Partitioned<Record> {
+        match key.starts_with(SESSION_PREFIX) {
+            true => &self.sessions,
+            false => &self.records,
+        }
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
@@ -606,11 +634,19 @@ impl StateStore for MemoryStore {
         now: Duration,
         key: &str,
     ) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-        let mut shard = self.records.shard(key).map_err(|_| records_poisoned())?;
-        Ok(shard
+        let Some(owner) = self
+            .records_of(key)
+            .existing(key)
+            .map_err(|_| records_poisoned())?
+        else {
+            return Ok(None);
+        };
+        let mut shard = owner.shard(key).map_err(|_| records_poisoned())?;
+        let found = shard
             .peek_mut(key)
             .filter(|r| r.expires > now)
-            .map(|r| (r.version, r.value.clone())))
+            .map(|r| (r.version, r.value.clone()));
+        Ok(found)
     }
 
     async fn record_swap(
@@ -621,13 +657,22 @@ impl StateStore for MemoryStore {
         value: Vec<u8>,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let mut shard = self.records.shard(key).map_err(|_| records_poisoned())?;
+        let session = key.starts_with(SESSION_PREFIX);
+        let owner = self
+            .records_of(key)
+            .of(key)
+            .map_err(|_| records_poisoned())?;
+        let mut shard = owner.shard(key).map_err(|_| records_poisoned())?;
         shard.expire(|r| r.expires <= now);
         let current = shard
             .peek_mut(key)
             .filter(|r| r.expires > now)
             .map(|r| r.version);
         if current != version {
+            return Ok(false);
+        }
+        if session && current.is_none() && !shard.has_room() && shard.peek_mut(key).is_none() {
+            // A live session is never pushed out to make room.
             return Ok(false);
         }
         let record = Record {
@@ -723,37 +768,59 @@ mod tests {
         let s = MemoryStore::with_record_capacity(1000);
         let ttl = 3600 * Duration::from_secs(1);
         let t = Duration::from_secs(1);
-        let (v0, _) = {
-            futures_lite_block_on(s.record_swap(t, "task-0", None, b"a".to_vec(), ttl)).unwrap();
-            futures_lite_block_on(s.record_get(t, "task-0"))
-                .unwrap()
-                .unwrap()
+        let swap = |now, key: &str, v: Option<u64>, value: &[u8]| {
+            futures_lite_block_on(s.record_swap(now, key, v, value.to_vec(), ttl)).unwrap()
         };
+        let get = |now, key: &str| futures_lite_block_on(s.record_get(now, key)).unwrap();
+        assert!(swap(t, "loop:victim/task-0", None, b"v"));
+        assert!(swap(t, "loop:ag/task-0", None, b"a"));
+        let (v0, _) = get(t, "loop:ag/task-0").unwrap();
         for i in 1..50_000 {
-            let key = format!("task-{i}");
-            assert!(futures_lite_block_on(s.record_swap(t, &key, None, vec![1], ttl)).unwrap());
+            assert!(swap(t, &format!("loop:ag/task-{i}"), None, &[1]));
         }
-        assert_eq!(s.records_len().unwrap(), 1000);
+        // Each owner within its own bound; the flood took nothing from
+        // another owner.
+        assert_eq!(s.records_len().unwrap(), 1001);
+        assert!(get(t, "loop:victim/task-0").is_some());
         // task-0 was pushed out; written again, it gets a new version, so a
         // reader still holding the old one cannot overwrite it.
-        assert_eq!(
-            futures_lite_block_on(s.record_get(t, "task-0")).unwrap(),
-            None
-        );
-        assert!(
-            futures_lite_block_on(s.record_swap(t, "task-0", None, b"b".to_vec(), ttl)).unwrap()
-        );
-        assert!(
-            !futures_lite_block_on(s.record_swap(t, "task-0", Some(v0), b"c".to_vec(), ttl))
-                .unwrap()
-        );
+        assert_eq!(get(t, "loop:ag/task-0"), None);
+        assert!(swap(t, "loop:ag/task-0", None, b"b"));
+        assert!(!swap(t, "loop:ag/task-0", Some(v0), b"c"));
         // Expired records go lazily when others are written.
         let later = t + ttl;
         for i in 0..200 {
-            let key = format!("late-{i}");
-            futures_lite_block_on(s.record_swap(later, &key, None, vec![2], ttl)).unwrap();
+            swap(later, &format!("loop:ag/late-{i}"), None, &[2]);
         }
-        assert_eq!(s.records_len().unwrap(), 200);
+        assert_eq!(s.records_len().unwrap(), 201);
+    }
+
+    #[test]
+    fn sessions_are_bounded_per_agent_and_never_pushed_out() {
+        let s = MemoryStore::with_capacities(1000, 3);
+        let day = 24 * 3600 * Duration::from_secs(1);
+        let t = Duration::from_secs(1);
+        let swap = |now, key: &str| {
+            futures_lite_block_on(s.record_swap(now, key, None, b"a".to_vec(), day)).unwrap()
+        };
+        let get = |now, key: &str| futures_lite_block_on(s.record_get(now, key)).unwrap();
+        for i in 0..3 {
+            assert!(swap(t, &format!("mcp-session:a/files:{i}")));
+        }
+        // The fourth is refused; none of the three goes for it.
+        assert!(!swap(t, "mcp-session:a/files:3"));
+        assert!(get(t, "mcp-session:a/files:3").is_none());
+        for i in 0..3 {
+            assert!(get(t, &format!("mcp-session:a/files:{i}")).is_some());
+        }
+        // Another agent has its own room, and task records never take it.
+        assert!(swap(t, "mcp-session:b/files:0"));
+        for i in 0..5000 {
+            swap(t, &format!("loop:a/t-{i}"));
+        }
+        assert!(get(t, "mcp-session:a/files:0").is_some());
+        // Once expired, a session's room is free again.
+        assert!(swap(t + day, "mcp-session:a/files:3"));
     }
 
     #[test]

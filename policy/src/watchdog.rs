@@ -4,12 +4,12 @@
 //! the configured action (degrade to a cheaper model, or stop the task).
 
 use crate::store::StoreError;
-use loopgate_bounded::BoundedMap;
+use loopgate_bounded::Partitioned;
 use std::time::Duration;
 
 const ALPHA: f64 = 0.3;
-/// Most tasks watched at once, by default; the least recently seen go
-/// first.
+/// Most tasks watched at once for one agent, by default; that agent's
+/// least recently seen go first, never another agent's.
 pub const MAX_TASKS: usize = 100_000;
 
 /// Limits for one level; any one reached puts the task at that level.
@@ -115,7 +115,7 @@ impl Window {
 /// One watched task: 200 bytes (the test `per_task_memory_is_bounded`
 /// prints it); with the map's own share (the key's bytes plus about 64,
 /// see [`loopgate_bounded`]) about 300 bytes a task, some 30 MB at the
-/// default 100,000 tasks.
+/// default 100,000 tasks of an agent.
 #[derive(Debug, Default)]
 struct Task {
     calls: Window,
@@ -125,13 +125,15 @@ struct Task {
     last_seen: Duration,
 }
 
-/// Per-task state, bounded: at most `capacity` tasks (default
-/// [`MAX_TASKS`]), the least recently called pushed out first, tasks idle
-/// past the config's `idle_ttl` dropped lazily. O(1) per call, sharded so
-/// tasks mostly do not wait for each other.
+/// Per-task state, bounded per agent: at most `capacity` tasks of each
+/// agent (default [`MAX_TASKS`]; task keys are `agent/task`), the agent's
+/// least recently called pushed out first, so one agent's fresh task ids
+/// never push out another agent's tasks; tasks idle past the config's
+/// `idle_ttl` dropped lazily. O(1) per call, sharded so tasks mostly do
+/// not wait for each other.
 #[derive(Debug)]
 pub struct Watchdog {
-    tasks: BoundedMap<Task>,
+    tasks: Partitioned<Task>,
 }
 
 impl Default for Watchdog {
@@ -179,10 +181,10 @@ impl Watchdog {
         Watchdog::default()
     }
 
-    /// A watchdog of at most `capacity` tasks (at least 1).
+    /// A watchdog of at most `capacity` tasks (at least 1) per agent.
     pub fn with_capacity(capacity: usize) -> Watchdog {
         Watchdog {
-            tasks: BoundedMap::new(capacity),
+            tasks: Partitioned::new(capacity),
         }
     }
 
@@ -204,7 +206,8 @@ impl Watchdog {
         cfg: &WatchdogConfig,
         now: Duration,
     ) -> Result<Reading, StoreError> {
-        let mut tasks = self.tasks.shard(key).map_err(|_| poisoned())?;
+        let owner = self.tasks.of(key).map_err(|_| poisoned())?;
+        let mut tasks = owner.shard(key).map_err(|_| poisoned())?;
         let idle = |t: &Task| now.saturating_sub(t.last_seen) >= cfg.idle_ttl;
         tasks.expire(idle);
         let t = tasks.touch(key, Task::default);
@@ -235,21 +238,27 @@ impl Watchdog {
 
     /// Records a finished call's latency into the task's EMA.
     pub fn latency(&self, key: &str, latency: Duration) {
-        if let Ok(mut tasks) = self.tasks.shard(key) {
+        let Ok(Some(owner)) = self.tasks.existing(key) else {
+            return;
+        };
+        if let Ok(mut tasks) = owner.shard(key) {
             if let Some(t) = tasks.peek_mut(key) {
                 let ms = latency.as_secs_f64() * 1000.0;
                 t.ema_ms = Some(t.ema_ms.map_or(ms, |e| e + ALPHA * (ms - e)));
             }
-        }
+        };
     }
 
     /// Records the share of the task budget used, as of the last admission.
     pub fn budget_used(&self, key: &str, used: f64) {
-        if let Ok(mut tasks) = self.tasks.shard(key) {
+        let Ok(Some(owner)) = self.tasks.existing(key) else {
+            return;
+        };
+        if let Ok(mut tasks) = owner.shard(key) {
             if let Some(t) = tasks.peek_mut(key) {
                 t.budget_used = Some(used);
             }
-        }
+        };
     }
 }
 
@@ -357,33 +366,43 @@ mod tests {
         assert_eq!(calls(ms(501_000)), 10_003);
     }
 
-    /// The tasks of a small watchdog (one shard), least recent first.
+    /// The tasks of agent `ag` in a small watchdog (one shard), least
+    /// recent first, without the `ag/` prefix.
     fn tasks(w: &Watchdog) -> Vec<String> {
         w.tasks
+            .of("ag/")
+            .unwrap()
             .shard("")
             .unwrap()
             .iter_lru_first()
-            .map(|(k, _)| k.to_string())
+            .map(|(k, _)| k.trim_start_matches("ag/").to_string())
             .collect()
     }
 
     #[test]
     fn a_full_watchdog_forgets_the_least_recently_called_task() {
         let w = Watchdog::with_capacity(3);
-        for (i, k) in ["a", "b", "c", "a"].iter().enumerate() {
+        for (i, k) in ["ag/a", "ag/b", "ag/c", "ag/a"].iter().enumerate() {
             w.call(k, &cfg(), S * i as u32).unwrap();
         }
         // Latency and budget reports do not make a task recent.
-        w.latency("b", Duration::from_millis(10));
-        w.budget_used("b", 0.1);
+        w.latency("ag/b", Duration::from_millis(10));
+        w.budget_used("ag/b", 0.1);
         assert_eq!(tasks(&w), ["b", "c", "a"]);
-        w.call("d", &cfg(), 10 * S).unwrap();
+        w.call("ag/d", &cfg(), 10 * S).unwrap();
         assert_eq!(tasks(&w), ["c", "a", "d"]);
         // b starts over; a kept its count.
-        assert_eq!(w.call("b", &cfg(), 11 * S).unwrap().steps, 1);
-        assert_eq!(w.call("a", &cfg(), 12 * S).unwrap().steps, 3);
+        assert_eq!(w.call("ag/b", &cfg(), 11 * S).unwrap().steps, 1);
+        assert_eq!(w.call("ag/a", &cfg(), 12 * S).unwrap().steps, 3);
         assert_eq!(tasks(&w), ["d", "b", "a"]);
         assert_eq!(w.len().unwrap(), 3);
+        // Another agent's tasks take nothing from this one's.
+        for i in 0..100 {
+            w.call(&format!("other/t-{i}"), &cfg(), 13 * S).unwrap();
+        }
+        assert_eq!(tasks(&w), ["d", "b", "a"]);
+        assert_eq!(w.call("ag/a", &cfg(), 14 * S).unwrap().steps, 4);
+        assert_eq!(w.len().unwrap(), 6);
     }
 
     #[test]
@@ -394,20 +413,20 @@ mod tests {
         };
         let w = Watchdog::with_capacity(1000);
         for i in 0..20u32 {
-            w.call(&format!("old-{i}"), &cfg, S).unwrap();
+            w.call(&format!("ag/old-{i}"), &cfg, S).unwrap();
         }
-        w.call("recent", &cfg, 50 * S).unwrap();
+        w.call("ag/recent", &cfg, 50 * S).unwrap();
         // Each call drops at most EXPIRE_PER_CALL idle tasks.
-        w.call("new-0", &cfg, 101 * S).unwrap();
+        w.call("ag/new-0", &cfg, 101 * S).unwrap();
         assert_eq!(w.len().unwrap(), 21 - loopgate_bounded::EXPIRE_PER_CALL + 1);
-        w.call("new-1", &cfg, 101 * S).unwrap();
-        w.call("new-2", &cfg, 101 * S).unwrap();
+        w.call("ag/new-1", &cfg, 101 * S).unwrap();
+        w.call("ag/new-2", &cfg, 101 * S).unwrap();
         assert_eq!(tasks(&w), ["recent", "new-0", "new-1", "new-2"]);
         // An idle task that was not dropped yet starts over when called.
         let w = Watchdog::with_capacity(10);
-        w.call("t", &cfg, S).unwrap();
-        w.call("u", &cfg, 50 * S).unwrap();
-        assert_eq!(w.call("u", &cfg, 200 * S).unwrap().steps, 1);
+        w.call("ag/t", &cfg, S).unwrap();
+        w.call("ag/u", &cfg, 50 * S).unwrap();
+        assert_eq!(w.call("ag/u", &cfg, 200 * S).unwrap().steps, 1);
     }
 
     #[test]
@@ -465,7 +484,8 @@ mod tests {
         w.call("t", &cfg(), S).unwrap();
         let w2 = w.clone();
         let _ = std::thread::spawn(move || {
-            let _held = w2.tasks.shard("t").unwrap();
+            let owner = w2.tasks.of("t").unwrap();
+            let _held = owner.shard("t").unwrap();
             panic!("poison the shard");
         })
         .join();

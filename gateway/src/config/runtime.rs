@@ -57,6 +57,26 @@ pub struct Config {
     pub max_body_bytes: u64,
     /// Read at start only: a reload that changes it is logged and ignored.
     pub state: StateSettings,
+    /// Per-agent bounds of task state and sessions. Read at start only.
+    pub bounds: TaskBounds,
+}
+
+/// How much per-task state one agent may hold (`state.tasks_per_agent`,
+/// `state.sessions_per_agent`): each agent's own, so one agent's fresh ids
+/// never push out another's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskBounds {
+    pub tasks_per_agent: usize,
+    pub sessions_per_agent: usize,
+}
+
+impl Default for TaskBounds {
+    fn default() -> Self {
+        TaskBounds {
+            tasks_per_agent: loopgate_policy::watchdog::MAX_TASKS,
+            sessions_per_agent: loopgate_policy::MAX_SESSIONS,
+        }
+    }
 }
 
 /// Where shared state lives.
@@ -740,6 +760,27 @@ pub fn build(
     };
 
     let state = build_state(&mut errs, spec.state.as_ref(), env);
+    let mut bounds = TaskBounds::default();
+    if let Some(s) = &spec.state {
+        for (field, v, slot) in [
+            (
+                "tasks_per_agent",
+                s.tasks_per_agent,
+                &mut bounds.tasks_per_agent,
+            ),
+            (
+                "sessions_per_agent",
+                s.sessions_per_agent,
+                &mut bounds.sessions_per_agent,
+            ),
+        ] {
+            match v {
+                Some(0) => errs.push(format!("state.{field}"), "must be at least 1"),
+                Some(n) => *slot = n,
+                None => {}
+            }
+        }
+    }
     let max_body_bytes = spec.policy.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
     check_body_limit(&mut errs, "policy.max_body_bytes", max_body_bytes);
 
@@ -957,6 +998,19 @@ pub fn build(
     let mut key_owner: HashMap<String, String> = HashMap::new();
     for (name, a) in &spec.agents {
         let at = format!("agents.{name}");
+        // The name keys the agent's task state (`agent/task`), which the
+        // state is bounded per agent by, and labels its metrics.
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        {
+            errs.push(
+                at.clone(),
+                "an agent name is 1-64 characters of A-Z, a-z, 0-9, `.`, `_` and `-`",
+            );
+        }
         let digest = match KeyDigest::from_hex(&a.key_sha256) {
             Ok(d) => Some(d),
             Err(why) => {
@@ -1205,6 +1259,7 @@ pub fn build(
         keys,
         max_body_bytes,
         state,
+        bounds,
     })
 }
 

@@ -165,6 +165,15 @@ pub struct StateSpec {
     /// How often open breakers are exchanged (default 250).
     #[serde(default)]
     pub breaker_sync_ms: Option<u64>,
+    /// Tasks one agent's guard state holds in this process (watchdog,
+    /// tool isolation; loop rings too with `backend: memory`), default
+    /// 100000: past it the agent's own least recent task goes.
+    #[serde(default)]
+    pub tasks_per_agent: Option<usize>,
+    /// Live MCP sessions one agent may hold with `backend: memory`
+    /// (default 10000): past it its `initialize` is refused.
+    #[serde(default)]
+    pub sessions_per_agent: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -7,7 +7,9 @@
 //! 1. identify the agent (its key);
 //! 2. judge the call with its kind's rules (`model`, `tools`, `mcp`: each
 //!    only judges its kind and says what the shared steps should count);
-//! 3. the agent's limits and budgets, and the kind's extra windows, in one
+//! 3. a call whose every target has an open circuit is refused here (it
+//!    could go nowhere, and must leave no state behind); then the agent's
+//!    limits and budgets, and the kind's extra windows, in one
 //!    store call;
 //! 4. the task guards: loop guard, watchdog, tool isolation;
 //! 5. one fail-mode decision for every step that could not read its state.
@@ -220,10 +222,11 @@ pub async fn admit(
     ))
 }
 
-/// Steps 3 to 5: limits, then the task guards, under one fail mode. The
-/// limits go first so a call they refuse leaves no task state behind (a
-/// refused agent cannot grow it); what a guard then refuses gives the
-/// reservation back.
+/// Steps 3 to 5: limits, then the task guards, under one fail mode. A call
+/// whose every target has an open circuit is refused before both, and the
+/// limits go before the guards, so a call either refuses leaves no task
+/// state behind (a refused agent cannot grow it); what a guard then
+/// refuses gives the reservation back.
 async fn shared_steps(
     env: &Env<'_>,
     caller: &Caller<'_>,
@@ -231,6 +234,16 @@ async fn shared_steps(
     verdict: &mut Verdict,
 ) -> Result<(LimitsTaken, Option<&'static str>, Option<DenyCode>), GatewayError> {
     let rules = caller.rules();
+    // Every target's circuit is open: refused here, before the limits and
+    // the guards make state for a call that cannot go anywhere.
+    let open = super::routing::all_open(env.breakers, &j.route, &rules.name, env.clock.now())
+        .map_err(|_| GatewayError::BreakerUnavailable)?;
+    if let Some((retry_after, provider)) = open {
+        return Err(GatewayError::CircuitOpen {
+            provider: provider.to_string(),
+            retry_after,
+        });
+    }
     let mut fail = std::mem::replace(&mut j.fail, FailMode::new(false));
     let limits = LimitRequest {
         extra: &j.extra,

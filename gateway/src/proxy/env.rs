@@ -1,10 +1,10 @@
 //! The shared state the request path consults besides the config
-//! snapshot: the state store, the clock, metrics, and the in-process
-//! guard state. One borrow of the gateway's own fields, handed to
+//! snapshot: the state store, the clock, metrics, the in-process guard
+//! state and the circuit breakers. One borrow of the gateway's own fields, handed to
 //! admission and to the exchange features alike.
 
 use crate::metrics::Metrics;
-use loopgate_breaker::FailureStreaks;
+use loopgate_breaker::{BreakerSet, FailureStreaks};
 use loopgate_policy::{Clock, StateStore, Watchdog};
 
 pub struct Env<'a> {
@@ -13,4 +13,5 @@ pub struct Env<'a> {
     pub metrics: &'a Metrics,
     pub streaks: &'a FailureStreaks,
     pub watchdog: &'a Watchdog,
+    pub breakers: &'a BreakerSet,
 }

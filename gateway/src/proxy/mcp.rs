@@ -77,9 +77,12 @@ pub fn session_id_of(headers: &http::HeaderMap) -> Result<Option<String>, &'stat
     Ok(std::str::from_utf8(b).ok().map(str::to_string))
 }
 
-/// The store key binding a session to its agent.
-pub fn session_key(server: &str, id: &str) -> String {
-    format!("mcp-session:{server}:{id}")
+/// The store key binding a session to its agent: under the agent's own
+/// name, so the store bounds each agent's sessions on their own (one
+/// agent's sessions never take another's room) and another agent looking
+/// a session up finds nothing (404, and no sign that it exists).
+pub fn session_key(agent: &str, server: &str, id: &str) -> String {
+    format!("{}{agent}/{server}:{id}", loopgate_policy::SESSION_PREFIX)
 }
 
 /// Judges an MCP request: the server and the agent's grant on it, the
@@ -147,7 +150,7 @@ pub async fn judge(
     if let Some(sid) = &session_id {
         let owner = env
             .store
-            .record_get(env.clock.now(), &session_key(name, sid))
+            .record_get(env.clock.now(), &session_key(&rules.name, name, sid))
             .await
             .map_err(|e| Deny::new(DenyCode::StateUnavailable, e.to_string()).into());
         match fail.tolerate(owner)? {

@@ -85,6 +85,8 @@ impl Gateway {
         breakers: Arc<BreakerSet>,
         access_log: Arc<AccessLog>,
     ) -> Self {
+        // Read at start: the maps are made once and outlive reloads.
+        let bounds = config.load().bounds;
         Gateway {
             config,
             ids: RequestIds::default(),
@@ -93,8 +95,8 @@ impl Gateway {
             metrics,
             breakers,
             access_log,
-            watchdog: Watchdog::new(),
-            streaks: FailureStreaks::new(),
+            watchdog: Watchdog::with_capacity(bounds.tasks_per_agent),
+            streaks: FailureStreaks::with_capacity(bounds.tasks_per_agent),
             bodies: Arc::default(),
             test_fault: test_fault::TestFault::from_env(),
         }
@@ -108,6 +110,7 @@ impl Gateway {
             metrics: &self.metrics,
             streaks: &self.streaks,
             watchdog: &self.watchdog,
+            breakers: &self.breakers,
         }
     }
 }

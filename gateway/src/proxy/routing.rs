@@ -20,6 +20,28 @@ pub fn breaker_key(provider: &Provider, agent: &str) -> Arc<str> {
     }
 }
 
+/// When every target of `route` has an open breaker for `agent` now: the
+/// soonest reopening and its provider. Admission refuses such a call
+/// before any task state is made for it (a refused call must not grow the
+/// guards' state); the upstream choice stays the authority for the rest.
+pub fn all_open(
+    breakers: &BreakerSet,
+    route: &Route,
+    agent: &str,
+    now: Duration,
+) -> Result<Option<(Duration, Arc<str>)>, Unknown> {
+    let mut soonest: Option<(Duration, Arc<str>)> = None;
+    for t in &route.targets {
+        let Some(open) = breakers.open_for(&breaker_key(&t.provider, agent), now)? else {
+            return Ok(None);
+        };
+        if soonest.as_ref().is_none_or(|(d, _)| open < *d) {
+            soonest = Some((open, t.provider.name.clone()));
+        }
+    }
+    Ok(soonest)
+}
+
 /// A target picked for one attempt, with its breaker ticket.
 #[derive(Debug)]
 pub struct Picked {

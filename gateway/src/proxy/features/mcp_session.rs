@@ -1,10 +1,16 @@
 //! MCP session binding: the session id a server answers `initialize` with
 //! is bound, in the state store (so replicas agree), to the agent that
-//! opened it; MCP admission refuses it to any other agent.
+//! opened it, under that agent's name; MCP admission finds it for no other
+//! agent. An agent holds a bounded number of live sessions (the memory
+//! store's `MAX_SESSIONS`): past it, its `initialize` is answered with an
+//! error, and nobody else's session makes room.
 
 use super::{Admission, Env, Feature};
 use crate::proxy::ctx::Plan;
+use crate::error::GatewayError;
+use crate::proxy::failure;
 use crate::proxy::mcp::{session_key, SESSION_TTL};
+use loopgate_policy::{Deny, DenyCode};
 use pingora::http::ResponseHeader;
 
 #[derive(Debug)]
@@ -39,7 +45,7 @@ impl Feature for SessionBinding {
         else {
             return Ok(());
         };
-        let key = session_key(&self.server, &sid);
+        let key = session_key(&adm.agent, &self.server, &sid);
         let bound = env
             .store
             .record_swap(
@@ -52,12 +58,30 @@ impl Feature for SessionBinding {
             .await;
         match bound {
             Ok(true) => {}
-            // Already bound (a server reusing an id): the owner stays.
-            Ok(false) => log::warn!(
-                "request {}: MCP server `{}` reused a session id",
-                adm.request_id,
-                self.server
-            ),
+            Ok(false) => {
+                let now = env.clock.now();
+                if let Ok(None) = env.store.record_get(now, &key).await {
+                    // Not bound and no binding there: the agent is at its
+                    // bound. The session is not handed out unbound.
+                    // The server answered well: no breaker counts this.
+                    return Err(failure::answer(
+                        failure::GATEWAY_FAULT,
+                        GatewayError::Denied(Deny::new(
+                            DenyCode::TooManyInFlight,
+                            format!(
+                                "agent `{}` holds its maximum of live MCP sessions: let one expire first",
+                                adm.agent
+                            ),
+                        )),
+                    ));
+                }
+                // Already bound (a server reusing an id): the owner stays.
+                log::warn!(
+                    "request {}: MCP server `{}` reused a session id",
+                    adm.request_id,
+                    self.server
+                )
+            }
             // Unbound, the session is refused later (fail closed).
             Err(e) => log::warn!("request {}: session not bound: {e}", adm.request_id),
         }
