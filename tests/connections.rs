@@ -206,12 +206,14 @@ sys.stdin.read()
 }
 
 /// A full listener closes the connection that has waited longest for a
-/// header to make room, so slow connections cannot lock others out.
+/// header (a second or more) to make room, so slow connections cannot lock
+/// others out.
 #[test]
 fn a_full_listener_reclaims_waiting_connections_before_it_refuses() {
     let mock = Mock::start();
     let gw = Gateway::start(&config_with(&mock, "{ max: 40, slow_per_client: 1000 }"));
-    // 60 half-sent headers from one address: the listener holds 40.
+    // 60 half-sent headers from one address at once: the listener holds
+    // 40; the other 20 find nothing waiting long enough to reclaim yet.
     let script = format!(
         r#"
 import socket, sys, time
@@ -222,21 +224,28 @@ for i in range(60):
     s.connect(("127.0.0.1", {port}))
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
     held.append(s)
-time.sleep(0.5)
+time.sleep(1.5)
 print("held", flush=True)
 sys.stdin.read()
 "#,
         port = gw.addr.port()
     );
     let (child, _) = python(&script);
-    assert!(gw.metric("loopgate_connections_reclaimed_total") >= 20.0);
-    // Another client is served; it, too, takes a slow connection's place.
+    assert_eq!(
+        gw.metric("loopgate_connections_refused_total{reason=\"capacity\"}"),
+        20.0
+    );
+    assert_eq!(gw.metric("loopgate_connections_reclaimed_total"), 0.0);
+    // Now they have waited: another client is served. Its first connection
+    // takes the oldest slow one's place; that place stays free for the
+    // next ones.
     for _ in 0..5 {
         assert_eq!(status(&gw, Some("127.0.0.3")), 200);
     }
+    assert_eq!(gw.metric("loopgate_connections_reclaimed_total"), 1.0);
     assert_eq!(
         gw.metric("loopgate_connections_refused_total{reason=\"capacity\"}"),
-        0.0
+        20.0
     );
     assert!(gw.metric("loopgate_connections_open") <= 41.0);
     done(child);
