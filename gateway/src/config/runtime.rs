@@ -789,7 +789,9 @@ pub fn build(
         errs.push("providers", "at least one provider is required");
     }
     for (name, p) in &spec.providers {
-        if let Some(provider) = build_provider(&mut errs, "providers", name, p, env) {
+        if let Some(provider) =
+            build_provider(&mut errs, "providers", PROVIDER_FIELDS, name, p, env)
+        {
             providers.insert(name.clone(), Arc::new(provider));
         }
     }
@@ -797,7 +799,7 @@ pub fn build(
     let spec_tool_names: HashSet<String> = spec.tools.keys().cloned().collect();
     let mut tools: HashMap<String, Arc<Tool>> = HashMap::new();
     for (name, t) in spec.tools {
-        if let Some(tool) = build_tool(&mut errs, "tools", &name, t, env) {
+        if let Some(tool) = build_tool(&mut errs, "tools", TOOL_FIELDS, &name, t, env) {
             tools.insert(name, Arc::new(tool));
         }
     }
@@ -837,7 +839,7 @@ pub fn build(
             isolate_ms: None,
             fail_mode: m.fail_mode,
         };
-        if let Some(tool) = build_tool(&mut errs, "mcp_servers", &name, as_tool, env) {
+        if let Some(tool) = build_tool(&mut errs, "mcp_servers", MCP_FIELDS, &name, as_tool, env) {
             mcp_servers.insert(
                 name,
                 Arc::new(McpServer {
@@ -1559,19 +1561,43 @@ fn check_body_limit(errs: &mut Errs, path: &str, v: u64) {
     }
 }
 
+/// The fields an upstream's connection errors are reported under: the
+/// ones the user wrote in that section, whatever the runtime type built.
+#[derive(Clone, Copy)]
+struct UpstreamFields {
+    url: &'static str,
+    key: &'static str,
+}
+
+const PROVIDER_FIELDS: UpstreamFields = UpstreamFields {
+    url: "base_url",
+    key: "api_key_env",
+};
+const TOOL_FIELDS: UpstreamFields = UpstreamFields {
+    url: "base_url",
+    key: "auth.bearer_env",
+};
+const MCP_FIELDS: UpstreamFields = UpstreamFields {
+    url: "url",
+    key: "auth.bearer_env",
+};
+
 fn build_provider(
     errs: &mut Errs,
     section: &str,
+    fields: UpstreamFields,
     name: &str,
     p: &spec::ProviderSpec,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Option<Provider> {
     let at = format!("{section}.{name}");
+    let url_at = format!("{at}.{}", fields.url);
+    let key_at = format!("{at}.{}", fields.key);
     let before = errs.list.len();
     let uri: Option<http::Uri> = match p.base_url.parse::<http::Uri>() {
         Ok(u) => Some(u),
         Err(e) => {
-            errs.push(format!("{at}.base_url"), format!("not a URL: {e}"));
+            errs.push(url_at.clone(), format!("not a URL: {e}"));
             None
         }
     };
@@ -1581,10 +1607,7 @@ fn build_provider(
             Some("https") => Some(true),
             Some("http") => Some(false),
             _ => {
-                errs.push(
-                    format!("{at}.base_url"),
-                    "must start with http:// or https://",
-                );
+                errs.push(url_at.clone(), "must start with http:// or https://");
                 None
             }
         };
@@ -1593,16 +1616,16 @@ fn build_provider(
             .filter(|h| !h.is_empty())
             .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string());
         if host.is_none() {
-            errs.push(format!("{at}.base_url"), "must name a host");
+            errs.push(url_at.clone(), "must name a host");
         }
         if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
             errs.push(
-                format!("{at}.base_url"),
-                "must not contain credentials; use api_key_env",
+                url_at.clone(),
+                format!("must not contain credentials; use {}", fields.key),
             );
         }
         if uri.query().is_some() {
-            errs.push(format!("{at}.base_url"), "must not contain a query string");
+            errs.push(url_at.clone(), "must not contain a query string");
         }
         if let (Some(tls), Some(host)) = (tls, host) {
             let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
@@ -1614,24 +1637,21 @@ fn build_provider(
 
     let api_key = match &p.api_key_env {
         Some(var) if var.is_empty() => {
-            errs.push(
-                format!("{at}.api_key_env"),
-                "must name an environment variable",
-            );
+            errs.push(key_at.clone(), "must name an environment variable");
             None
         }
         Some(var) => match env(var) {
             Some(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_string())),
             Some(_) => {
                 errs.push(
-                    format!("{at}.api_key_env"),
+                    key_at.clone(),
                     format!("environment variable {var} is empty"),
                 );
                 None
             }
             None => {
                 errs.push(
-                    format!("{at}.api_key_env"),
+                    key_at.clone(),
                     format!("environment variable {var} is not set"),
                 );
                 None
@@ -1639,7 +1659,7 @@ fn build_provider(
         },
         None if p.kind != ProviderKind::OpenaiCompatible => {
             errs.push(
-                format!("{at}.api_key_env"),
+                key_at.clone(),
                 "required for this provider kind (only openai_compatible may run without a key)",
             );
             None
@@ -1692,7 +1712,7 @@ fn build_provider(
                 Err(_) => {
                     // Names the variable, never the value.
                     errs.push(
-                        format!("{at}.api_key_env"),
+                        key_at.clone(),
                         "the key holds characters an HTTP header cannot carry",
                     );
                     return None;
@@ -1709,10 +1729,7 @@ fn build_provider(
         return None;
     };
     let Ok(authority_value) = http::HeaderValue::from_str(&authority) else {
-        errs.push(
-            format!("{at}.base_url"),
-            "the host cannot be sent in a Host header",
-        );
+        errs.push(url_at.clone(), "the host cannot be sent in a Host header");
         return None;
     };
     let addr = host
@@ -1747,6 +1764,7 @@ fn build_provider(
 fn build_tool(
     errs: &mut Errs,
     section: &str,
+    fields: UpstreamFields,
     name: &str,
     t: spec::ToolSpec,
     env: &dyn Fn(&str) -> Option<String>,
@@ -1783,7 +1801,7 @@ fn build_tool(
         timeouts: t.timeouts,
         breaker: t.breaker,
     };
-    let mut provider = build_provider(errs, "tools", name, &as_provider, env)?;
+    let mut provider = build_provider(errs, section, fields, name, &as_provider, env)?;
     if let Some((header, var)) = custom {
         let name_ok = http::HeaderName::from_bytes(header.as_bytes());
         let value = env(&var).filter(|v| !v.trim().is_empty());
@@ -2142,6 +2160,50 @@ agents:
         ] {
             assert!(e.contains(want), "missing {want:?} in\n{e}");
         }
+    }
+
+    #[test]
+    fn tool_and_mcp_server_errors_name_the_section_and_field_written() {
+        let yaml = format!(
+            "{GOOD}tools:
+  weather:
+    base_url: \"ftp://tools.example/weather\"
+    auth: {{ bearer_env: UNSET }}
+    timeouts: {{ read_ms: 0 }}
+    breaker: {{ open_ms: 0 }}
+  orders:
+    base_url: \"http://tools.example/orders\"
+    auth: {{ header: x-key, value_env: UNSET }}
+mcp_servers:
+  files:
+    url: \"ftp://mcp.example/mcp\"
+    auth: {{ bearer_env: UNSET }}
+    timeouts: {{ connect_ms: 0 }}
+    breaker: {{ failure_rate: 2.0 }}
+  docs:
+    url: \"http://mcp.example/mcp\"
+    auth: {{ bearer_env: \"\" }}
+"
+        );
+        let e = build_str(&yaml).unwrap_err().join("\n");
+        for want in [
+            "t.yaml: tools.weather.base_url: must start with http:// or https://",
+            "t.yaml: tools.weather.auth.bearer_env: environment variable UNSET is not set",
+            "t.yaml: tools.weather.timeouts.read_ms: must be between",
+            "t.yaml: tools.weather.breaker.open_ms: must be at least 1",
+            "t.yaml: tools.orders.auth.value_env: environment variable UNSET",
+            "t.yaml: mcp_servers.files.url: must start with http:// or https://",
+            "t.yaml: mcp_servers.files.auth.bearer_env: environment variable UNSET is not set",
+            "t.yaml: mcp_servers.files.timeouts.connect_ms: must be between",
+            "t.yaml: mcp_servers.files.breaker.failure_rate: must be a share in (0, 1]",
+            "t.yaml: mcp_servers.docs.auth.bearer_env: must name an environment variable",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in\n{e}");
+        }
+        for wrong in ["tools.files", "tools.docs", "api_key_env"] {
+            assert!(!e.contains(wrong), "{wrong:?} in\n{e}");
+        }
+        assert!(!e.contains("mcp_servers.files.base_url"), "{e}");
     }
 
     #[test]
