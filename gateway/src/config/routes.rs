@@ -2,11 +2,11 @@
 //! providers serve a model, with what retry budget and output field.
 
 use super::providers::Provider;
-use super::runtime::Errs;
+use super::runtime::{list, Errs};
 use super::spec::{self, ProviderKind};
 use loopgate_policy::output::openai_needs_max_completion_tokens;
 use loopgate_policy::{Endpoint, LimitField, NamePattern, TargetOutput};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -173,4 +173,126 @@ impl Routes {
         v.sort();
         v.into_iter()
     }
+}
+
+/// Builds the routes under `routes:` over the providers that were built
+/// (`defined` are the ones written, so a provider with its own error is not
+/// reported again as unknown).
+pub(super) fn build_routes(
+    errs: &mut Errs,
+    specs: &[spec::RouteSpec],
+    defined: &BTreeMap<String, spec::ProviderSpec>,
+    providers: &HashMap<String, Arc<Provider>>,
+    models: &Arc<ModelCatalog>,
+) -> Routes {
+    let mut routes = Routes::default();
+    let mut seen_models: HashSet<String> = HashSet::new();
+    for (i, r) in specs.iter().enumerate() {
+        let at = format!("routes[{i}]");
+        if r.models.is_empty() {
+            errs.push(format!("{at}.models"), "at least one model is required");
+        }
+        if r.targets.is_empty() {
+            errs.push(format!("{at}.targets"), "at least one target is required");
+        }
+        let mut targets = Vec::new();
+        for (j, t) in r.targets.iter().enumerate() {
+            let weight = t.weight.unwrap_or(1);
+            if weight == 0 {
+                errs.push(format!("{at}.targets[{j}].weight"), "must be at least 1");
+            }
+            if t.model
+                .as_deref()
+                .is_some_and(|m| m.is_empty() || m.contains('*'))
+            {
+                errs.push(format!("{at}.targets[{j}].model"), "must be a model name");
+            }
+            let field = t.max_tokens_field.or(r.max_tokens_field);
+            match providers.get(&t.provider) {
+                Some(p) if p.kind == ProviderKind::Anthropic && field.is_some() => {
+                    let at = match t.max_tokens_field {
+                        Some(_) => format!("{at}.targets[{j}].max_tokens_field"),
+                        None => format!("{at}.max_tokens_field"),
+                    };
+                    errs.push(
+                        at,
+                        format!(
+                            "provider `{}` is anthropic, which reads only `max_tokens`: \
+                             the setting is for chat completions on OpenAI-style providers",
+                            t.provider
+                        ),
+                    );
+                }
+                Some(p) => targets.push(Target {
+                    provider: p.clone(),
+                    weight: weight.max(1),
+                    model: t.model.clone(),
+                    chat_limit_field: field.map(chat_limit_field),
+                }),
+                None if defined.contains_key(&t.provider) => {} // error already reported
+                None => errs.push(
+                    format!("{at}.targets[{j}].provider"),
+                    format!(
+                        "unknown provider `{}` (defined: {})",
+                        t.provider,
+                        list(defined.keys())
+                    ),
+                ),
+            }
+        }
+        if let Some(kind) = targets.first().map(|t| t.provider.kind) {
+            let family = |k: ProviderKind| k == ProviderKind::Anthropic;
+            if targets
+                .iter()
+                .any(|t| family(t.provider.kind) != family(kind))
+            {
+                errs.push(
+                    format!("{at}.targets"),
+                    "targets of one route must all speak the same API (anthropic or openai-style)",
+                );
+            }
+        }
+        let retry = r.retry.as_ref();
+        let max_attempts = retry
+            .and_then(|r| r.max_attempts)
+            .unwrap_or(targets.len().max(1) as u32);
+        if max_attempts == 0 || max_attempts > 10 {
+            errs.push(
+                format!("{at}.retry.max_attempts"),
+                "must be between 1 and 10",
+            );
+        }
+        let max_total_ms = retry.and_then(|r| r.max_total_ms).unwrap_or(60_000);
+        if max_total_ms == 0 {
+            errs.push(format!("{at}.retry.max_total_ms"), "must be at least 1");
+        }
+        let route = Arc::new(Route {
+            targets,
+            max_attempts: max_attempts.clamp(1, 10),
+            max_total: Duration::from_millis(max_total_ms),
+            models: models.clone(),
+        });
+        for (j, m) in r.models.iter().enumerate() {
+            let path = format!("{at}.models[{j}]");
+            if !seen_models.insert(m.clone()) {
+                errs.push(path, format!("model `{m}` is routed twice"));
+                continue;
+            }
+            match NamePattern::parse(m) {
+                Ok(NamePattern::Exact(name)) => {
+                    routes.exact.insert(name, route.clone());
+                }
+                Ok(NamePattern::Prefix(p)) => {
+                    let label: Arc<str> = Arc::from(format!("{p}*"));
+                    routes.prefixes.push((p, label, route.clone()))
+                }
+                Err(why) => errs.push(path, why),
+            }
+        }
+    }
+    // Longest prefix first, so `gpt-4o-mini*` wins over `gpt-4o*`.
+    routes
+        .prefixes
+        .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+    routes
 }

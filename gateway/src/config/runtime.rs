@@ -5,13 +5,13 @@
 //! from a spec that passed every check; shared by the proxy as an `Arc`
 //! snapshot.
 
-use super::spec::{self, ConfigSpec, ProviderKind};
+use super::spec::{self, ConfigSpec};
 use super::{ConfigError, ConfigErrors};
 pub use crate::access_log::Target as AccessTarget;
 use crate::connections::ConnectionLimits;
 use crate::secret::Secret;
 use loopgate_policy::{
-    AgentKeys, AgentRules, Endpoint, KeyDigest, KeyIndex, Limits, Mode, NamePattern, PatternList,
+    AgentKeys, AgentRules, Endpoint, KeyDigest, KeyIndex, Limits, Mode, PatternList,
 };
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -24,14 +24,15 @@ use super::agents::{
 };
 pub use super::agents::{Guards, NEVER_FORWARDED, SCOPING_HEADERS};
 use super::listen::{build_connections, parse_addr};
+use super::mcp::build_mcp_servers;
 pub use super::mcp::{McpAccess, McpServer};
 pub use super::providers::Provider;
-use super::providers::{build_provider, MCP_FIELDS, PROVIDER_FIELDS, TOOL_FIELDS};
-use super::routes::{build_models, chat_limit_field};
-pub use super::routes::{Route, Routes, Target};
+use super::providers::{build_provider, PROVIDER_FIELDS};
+use super::routes::{build_models, build_routes};
+pub use super::routes::{Route, Routes};
 use super::state::build_state;
 pub use super::state::{RedisSettings, StateSettings, TaskBounds};
-use super::tools::build_tool;
+use super::tools::build_tools;
 pub use super::tools::{Tool, ToolGrant};
 
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
@@ -329,171 +330,17 @@ pub fn build(
     }
 
     let spec_tool_names: HashSet<String> = spec.tools.keys().cloned().collect();
-    let mut tools: HashMap<String, Arc<Tool>> = HashMap::new();
-    for (name, t) in spec.tools {
-        if let Some(tool) = build_tool(&mut errs, "tools", TOOL_FIELDS, &name, t, env) {
-            tools.insert(name, Arc::new(tool));
-        }
-    }
-    let mut mcp_servers: HashMap<String, Arc<McpServer>> = HashMap::new();
-    for (name, m) in spec.mcp_servers {
-        let at = format!("mcp_servers.{name}");
-        if spec_tool_names.contains(&name) {
-            // They would share a breaker key and a metrics label.
-            errs.push(
-                at.clone(),
-                format!("`{name}` is also a tool name; pick another"),
-            );
-        }
-        let path = match m.url.split_once("://").map(|(_, rest)| rest) {
-            Some(rest) => match rest.find('/') {
-                Some(i) => rest[i..].to_string(),
-                None => "/".to_string(),
-            },
-            None => "/".to_string(), // build_tool reports the bad URL
-        };
-        let base_url = m
-            .url
-            .strip_suffix(path.as_str())
-            .unwrap_or(&m.url)
-            .to_string();
-        let writes = patterns(&mut errs, &format!("{at}.writes"), &m.writes);
-        let as_tool = spec::ToolSpec {
-            base_url,
-            auth: m.auth,
-            timeouts: m.timeouts,
-            breaker: m.breaker,
-            idempotency: None,
-            // A 2xx that is not JSON (nor an SSE stream) is not JSON-RPC:
-            // it counts against the server's breaker.
-            expect_json: Some(true),
-            isolate_after: None,
-            isolate_ms: None,
-            fail_mode: m.fail_mode,
-        };
-        if let Some(tool) = build_tool(&mut errs, "mcp_servers", MCP_FIELDS, &name, as_tool, env) {
-            mcp_servers.insert(
-                name,
-                Arc::new(McpServer {
-                    tool: Arc::new(tool),
-                    path,
-                    writes,
-                    noise_fields: m.noise_fields,
-                }),
-            );
-        }
-    }
+    let tools = build_tools(&mut errs, spec.tools, env);
+    let mcp_servers = build_mcp_servers(&mut errs, spec.mcp_servers, &spec_tool_names, env);
 
     let models = Arc::new(build_models(&mut errs, &spec.models));
-    let mut routes = Routes::default();
-    let mut seen_models: HashSet<String> = HashSet::new();
-    for (i, r) in spec.routes.iter().enumerate() {
-        let at = format!("routes[{i}]");
-        if r.models.is_empty() {
-            errs.push(format!("{at}.models"), "at least one model is required");
-        }
-        if r.targets.is_empty() {
-            errs.push(format!("{at}.targets"), "at least one target is required");
-        }
-        let mut targets = Vec::new();
-        for (j, t) in r.targets.iter().enumerate() {
-            let weight = t.weight.unwrap_or(1);
-            if weight == 0 {
-                errs.push(format!("{at}.targets[{j}].weight"), "must be at least 1");
-            }
-            if t.model
-                .as_deref()
-                .is_some_and(|m| m.is_empty() || m.contains('*'))
-            {
-                errs.push(format!("{at}.targets[{j}].model"), "must be a model name");
-            }
-            let field = t.max_tokens_field.or(r.max_tokens_field);
-            match providers.get(&t.provider) {
-                Some(p) if p.kind == ProviderKind::Anthropic && field.is_some() => {
-                    let at = match t.max_tokens_field {
-                        Some(_) => format!("{at}.targets[{j}].max_tokens_field"),
-                        None => format!("{at}.max_tokens_field"),
-                    };
-                    errs.push(
-                        at,
-                        format!(
-                            "provider `{}` is anthropic, which reads only `max_tokens`: \
-                             the setting is for chat completions on OpenAI-style providers",
-                            t.provider
-                        ),
-                    );
-                }
-                Some(p) => targets.push(Target {
-                    provider: p.clone(),
-                    weight: weight.max(1),
-                    model: t.model.clone(),
-                    chat_limit_field: field.map(chat_limit_field),
-                }),
-                None if spec.providers.contains_key(&t.provider) => {} // error already reported
-                None => errs.push(
-                    format!("{at}.targets[{j}].provider"),
-                    format!(
-                        "unknown provider `{}` (defined: {})",
-                        t.provider,
-                        list(spec.providers.keys())
-                    ),
-                ),
-            }
-        }
-        if let Some(kind) = targets.first().map(|t| t.provider.kind) {
-            let family = |k: ProviderKind| k == ProviderKind::Anthropic;
-            if targets
-                .iter()
-                .any(|t| family(t.provider.kind) != family(kind))
-            {
-                errs.push(
-                    format!("{at}.targets"),
-                    "targets of one route must all speak the same API (anthropic or openai-style)",
-                );
-            }
-        }
-        let retry = r.retry.as_ref();
-        let max_attempts = retry
-            .and_then(|r| r.max_attempts)
-            .unwrap_or(targets.len().max(1) as u32);
-        if max_attempts == 0 || max_attempts > 10 {
-            errs.push(
-                format!("{at}.retry.max_attempts"),
-                "must be between 1 and 10",
-            );
-        }
-        let max_total_ms = retry.and_then(|r| r.max_total_ms).unwrap_or(60_000);
-        if max_total_ms == 0 {
-            errs.push(format!("{at}.retry.max_total_ms"), "must be at least 1");
-        }
-        let route = Arc::new(Route {
-            targets,
-            max_attempts: max_attempts.clamp(1, 10),
-            max_total: Duration::from_millis(max_total_ms),
-            models: models.clone(),
-        });
-        for (j, m) in r.models.iter().enumerate() {
-            let path = format!("{at}.models[{j}]");
-            if !seen_models.insert(m.clone()) {
-                errs.push(path, format!("model `{m}` is routed twice"));
-                continue;
-            }
-            match NamePattern::parse(m) {
-                Ok(NamePattern::Exact(name)) => {
-                    routes.exact.insert(name, route.clone());
-                }
-                Ok(NamePattern::Prefix(p)) => {
-                    let label: Arc<str> = Arc::from(format!("{p}*"));
-                    routes.prefixes.push((p, label, route.clone()))
-                }
-                Err(why) => errs.push(path, why),
-            }
-        }
-    }
-    // Longest prefix first, so `gpt-4o-mini*` wins over `gpt-4o*`.
-    routes
-        .prefixes
-        .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+    let routes = build_routes(
+        &mut errs,
+        &spec.routes,
+        &spec.providers,
+        &providers,
+        &models,
+    );
 
     let global_phrases = match &spec.policy.blocked_phrases {
         Some(p) if !p.is_empty() => compile_phrases(&mut errs, "policy.blocked_phrases", p),

@@ -1,11 +1,12 @@
 //! HTTP tools (`tools:`) and what an agent may do with one (`tool_access`).
 
-use super::providers::{build_provider, UpstreamFields};
+use super::providers::{build_provider, UpstreamFields, TOOL_FIELDS};
 use super::routes::{Route, Target};
 use super::runtime::Errs;
 use super::spec::{self, ProviderKind};
 use crate::secret::Secret;
 use loopgate_policy::PatternList;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -123,4 +124,20 @@ pub(super) fn build_tool(
         isolate_for: Duration::from_millis(isolate_ms.unwrap_or(30_000).max(1)),
         fail_open,
     })
+}
+
+/// Builds every tool under `tools:`; a tool with an error is left out (the
+/// error is collected).
+pub(super) fn build_tools(
+    errs: &mut Errs,
+    specs: BTreeMap<String, spec::ToolSpec>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> HashMap<String, Arc<Tool>> {
+    let mut tools: HashMap<String, Arc<Tool>> = HashMap::new();
+    for (name, t) in specs {
+        if let Some(tool) = build_tool(errs, "tools", TOOL_FIELDS, &name, t, env) {
+            tools.insert(name, Arc::new(tool));
+        }
+    }
+    tools
 }
