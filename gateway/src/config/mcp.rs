@@ -1,19 +1,25 @@
 //! MCP servers (`mcp_servers:`) and what an agent may use on one
 //! (`mcp_access`).
 
-use super::providers::MCP_FIELDS;
+use super::providers::{build_upstream, single_route, UpstreamSpec, MCP_FIELDS};
+use super::routes::Route;
 use super::runtime::{patterns, Errs};
 use super::spec;
-use super::tools::{build_tool, Tool};
 use loopgate_policy::PatternList;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-/// An MCP server: an upstream like a tool (credential, timeouts, breaker,
-/// fail mode), plus what the MCP rules need.
+/// An MCP server: an upstream connection (credential, timeouts, breaker)
+/// behind a one-target route, its fail mode, and what the MCP rules need.
+/// Every answer is checked as JSON-RPC (see `proxy::features::json_check`).
 #[derive(Debug)]
 pub struct McpServer {
-    pub tool: Arc<Tool>,
+    pub name: String,
+    /// One attempt at the server's one connection (the gateway never
+    /// retries an MCP call on its own).
+    pub route: Arc<Route>,
+    /// `fail_mode: open`: forward when the gateway cannot decide.
+    pub fail_open: bool,
     /// The endpoint's path on the server (and query), e.g. `/mcp`.
     pub path: String,
     pub writes: PatternList,
@@ -52,7 +58,7 @@ pub(super) fn build_mcp_servers(
                 Some(i) => rest[i..].to_string(),
                 None => "/".to_string(),
             },
-            None => "/".to_string(), // build_tool reports the bad URL
+            None => "/".to_string(), // build_upstream reports the bad URL
         };
         let base_url = m
             .url
@@ -60,24 +66,21 @@ pub(super) fn build_mcp_servers(
             .unwrap_or(&m.url)
             .to_string();
         let writes = patterns(errs, &format!("{at}.writes"), &m.writes);
-        let as_tool = spec::ToolSpec {
-            base_url,
+        let upstream = UpstreamSpec {
+            url: base_url,
             auth: m.auth,
             timeouts: m.timeouts,
             breaker: m.breaker,
-            idempotency: None,
-            // A 2xx that is not JSON (nor an SSE stream) is not JSON-RPC:
-            // it counts against the server's breaker.
-            expect_json: Some(true),
-            isolate_after: None,
-            isolate_ms: None,
-            fail_mode: m.fail_mode,
         };
-        if let Some(tool) = build_tool(errs, "mcp_servers", MCP_FIELDS, &name, as_tool, env) {
+        if let Some(provider) =
+            build_upstream(errs, "mcp_servers", MCP_FIELDS, &name, upstream, env)
+        {
             mcp_servers.insert(
-                name,
+                name.clone(),
                 Arc::new(McpServer {
-                    tool: Arc::new(tool),
+                    name,
+                    route: single_route(provider),
+                    fail_open: m.fail_mode == Some(spec::FailMode::Open),
                     path,
                     writes,
                     noise_fields: m.noise_fields,

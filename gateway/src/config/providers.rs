@@ -3,6 +3,7 @@
 //! MCP servers reuse the connection part, with errors named for their own
 //! section.
 
+use super::routes::{Route, Target};
 use super::runtime::Errs;
 use super::spec::{self, ProviderKind};
 use crate::secret::Secret;
@@ -414,4 +415,87 @@ pub(super) fn build_breaker(
     };
     let isolate = b.isolate_by == Some(spec::IsolateBy::Agent);
     (cfg, isolate, probe)
+}
+
+/// What a tool or an MCP server says about its connection: the same fields
+/// under each section, reported under the names in `UpstreamFields`.
+pub(super) struct UpstreamSpec {
+    pub(super) url: String,
+    pub(super) auth: Option<spec::ToolAuthSpec>,
+    pub(super) timeouts: spec::TimeoutsSpec,
+    pub(super) breaker: spec::BreakerSpec,
+}
+
+/// Builds the connection of a tool or an MCP server: an OpenAI-compatible
+/// style upstream whose credential is a bearer token or a named header.
+pub(super) fn build_upstream(
+    errs: &mut Errs,
+    section: &str,
+    fields: UpstreamFields,
+    name: &str,
+    u: UpstreamSpec,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<Arc<Provider>> {
+    let at = format!("{section}.{name}");
+    let (bearer, custom) = match &u.auth {
+        None => (None, None),
+        Some(a) => match (&a.bearer_env, &a.header, &a.value_env) {
+            (Some(b), None, None) => (Some(b.clone()), None),
+            (None, Some(h), Some(v)) => (None, Some((h.clone(), v.clone()))),
+            _ => {
+                errs.push(
+                    format!("{at}.auth"),
+                    "use either bearer_env, or header with value_env",
+                );
+                (None, None)
+            }
+        },
+    };
+    let as_provider = spec::ProviderSpec {
+        kind: ProviderKind::OpenaiCompatible,
+        base_url: u.url,
+        api_key_env: bearer,
+        anthropic_version: None,
+        timeouts: u.timeouts,
+        breaker: u.breaker,
+    };
+    let mut provider = build_provider(errs, section, fields, name, &as_provider, env)?;
+    if let Some((header, var)) = custom {
+        let name_ok = http::HeaderName::from_bytes(header.as_bytes());
+        let value = env(&var).filter(|v| !v.trim().is_empty());
+        match (name_ok, value) {
+            (Ok(h), Some(v)) => provider.custom_auth = Some((h, Secret::new(v.trim().to_string()))),
+            (Err(_), _) => {
+                errs.push(
+                    format!("{at}.auth.header"),
+                    format!("`{header}` is not a header name"),
+                );
+                return None;
+            }
+            (_, None) => {
+                errs.push(
+                    format!("{at}.auth.value_env"),
+                    format!("environment variable {var} is not set or empty"),
+                );
+                return None;
+            }
+        }
+    }
+    Some(Arc::new(provider))
+}
+
+/// The route of a tool or an MCP server: its one connection, one attempt
+/// (the gateway never retries such a call on its own).
+pub(super) fn single_route(provider: Arc<Provider>) -> Arc<Route> {
+    Arc::new(Route {
+        targets: vec![Target {
+            provider,
+            weight: 1,
+            model: None,
+            chat_limit_field: None,
+        }],
+        max_attempts: 1,
+        max_total: Duration::from_secs(600),
+        models: Arc::default(),
+    })
 }

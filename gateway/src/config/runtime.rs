@@ -89,7 +89,7 @@ pub(super) fn at_least_one(errs: &mut Errs, path: &str, v: Option<u64>, default:
 }
 
 impl Config {
-    /// Every upstream the gateway connects to: providers and tools.
+    /// Every upstream the gateway connects to: providers, tools and MCP servers.
     pub fn upstreams(&self) -> impl Iterator<Item = &Arc<Provider>> {
         self.providers
             .iter()
@@ -97,7 +97,7 @@ impl Config {
             .chain(
                 self.mcp_servers
                     .values()
-                    .map(|m| &m.tool.route.targets[0].provider),
+                    .map(|m| &m.route.targets[0].provider),
             )
     }
 
@@ -933,6 +933,33 @@ mcp_servers:
             assert!(!e.contains(wrong), "{wrong:?} in\n{e}");
         }
         assert!(!e.contains("mcp_servers.files.base_url"), "{e}");
+    }
+
+    #[test]
+    fn an_mcp_server_is_its_own_upstream_with_one_attempt() {
+        let yaml = format!(
+            "{GOOD}mcp_servers:
+  files:
+    url: \"http://127.0.0.1:9000/v1/mcp?x=1\"
+    auth: {{ header: x-key, value_env: SET }}
+    fail_mode: open
+    writes: [\"write_*\"]
+"
+        );
+        let c = build_str(&yaml).unwrap();
+        let m = &c.mcp_servers["files"];
+        assert_eq!(m.name, "files");
+        assert_eq!(m.path, "/v1/mcp?x=1");
+        assert!(m.fail_open);
+        assert_eq!(m.route.max_attempts, 1);
+        assert_eq!(m.route.targets.len(), 1);
+        let p = &m.route.targets[0].provider;
+        assert_eq!(
+            (&*p.name, p.port, p.base_path.as_str()),
+            ("files", 9000, "")
+        );
+        assert_eq!(p.custom_auth.as_ref().unwrap().0, "x-key");
+        assert!(c.upstreams().any(|u| Arc::ptr_eq(u, p)));
     }
 
     #[test]
