@@ -1,9 +1,18 @@
 //! Configuration: strict YAML spec types (`spec`), validated into immutable
 //! runtime snapshots (`runtime`). A snapshot is built completely or not at
-//! all, so a bad file never replaces a running config.
+//! all, so a bad file never replaces a running config. One module per kind
+//! of section: `providers`, `routes`, `tools`, `mcp`, `agents`, `listen`,
+//! `state`.
 
+mod agents;
+mod listen;
+mod mcp;
+mod providers;
+mod routes;
 pub mod runtime;
 pub mod spec;
+mod state;
+mod tools;
 
 pub use runtime::Config;
 pub use spec::ProviderKind;

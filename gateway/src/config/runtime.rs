@@ -1,29 +1,44 @@
-//! Validated, immutable runtime config. Built only from a spec that passed
-//! every check; shared by the proxy as an `Arc` snapshot.
+//! Validated, immutable runtime config: the `Config` snapshot, `build`
+//! (spec in, every error collected, all or nothing) and the error helpers the
+//! section modules share (`Errs`, `patterns`, the number checks). Each kind
+//! of section is validated in its own module beside this one. Built only
+//! from a spec that passed every check; shared by the proxy as an `Arc`
+//! snapshot.
 
-use super::spec::{self, ConfigSpec, ProviderKind};
+use super::spec::{self, ConfigSpec};
 use super::{ConfigError, ConfigErrors};
 pub use crate::access_log::Target as AccessTarget;
 use crate::connections::ConnectionLimits;
 use crate::secret::Secret;
-use arc_swap::ArcSwapOption;
-use loopgate_breaker::{BreakerConfig, LoopConfig};
-use loopgate_policy::output::openai_needs_max_completion_tokens;
 use loopgate_policy::{
-    AgentKeys, AgentRules, Budgets, DenyCode, Endpoint, KeyDigest, KeyIndex, LimitField, Limits,
-    Mode, NamePattern, PatternList, PhraseMatcher, RedAction, TargetOutput, Thresholds,
-    WatchdogConfig,
+    AgentKeys, AgentRules, Endpoint, KeyDigest, KeyIndex, Limits, Mode, PatternList,
 };
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+
+use super::agents::{
+    build_budgets, build_forward_headers, build_loops, build_watchdog, compile_phrases,
+    parse_dry_run, parse_headers,
+};
+pub use super::agents::{Guards, NEVER_FORWARDED, SCOPING_HEADERS};
+use super::listen::{build_connections, parse_addr};
+use super::mcp::build_mcp_servers;
+pub use super::mcp::{McpAccess, McpServer};
+pub use super::providers::Provider;
+use super::providers::{build_provider, PROVIDER_FIELDS};
+use super::routes::{build_models, build_routes};
+pub use super::routes::{Route, Routes};
+use super::state::build_state;
+pub use super::state::{RedisSettings, StateSettings, TaskBounds};
+use super::tools::build_tools;
+pub use super::tools::{Tool, ToolGrant};
 
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
 /// Bodies are held in memory while judged; refuse configs that would let one
 /// request pin more than this.
 pub const MAX_MAX_BODY_BYTES: u64 = 256 * 1024 * 1024;
-const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
 #[derive(Debug)]
 pub struct Config {
@@ -61,80 +76,8 @@ pub struct Config {
     pub bounds: TaskBounds,
 }
 
-/// How much per-task state one agent may hold (`state.tasks_per_agent`,
-/// `state.sessions_per_agent`): each agent's own, so one agent's fresh ids
-/// never push out another's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskBounds {
-    pub tasks_per_agent: usize,
-    pub sessions_per_agent: usize,
-}
-
-impl Default for TaskBounds {
-    fn default() -> Self {
-        TaskBounds {
-            tasks_per_agent: loopgate_policy::watchdog::MAX_TASKS,
-            sessions_per_agent: loopgate_policy::MAX_SESSIONS,
-        }
-    }
-}
-
-/// Where shared state lives.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StateSettings {
-    Memory,
-    Redis(RedisSettings),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct RedisSettings {
-    pub url: Secret,
-    pub key_prefix: String,
-    pub timeout: Duration,
-    pub on_unavailable: spec::OnUnavailable,
-    pub replicas: u64,
-    pub slot_lease: Duration,
-    pub breaker_sync: Duration,
-}
-
-impl StateSettings {
-    fn redacted_json(&self) -> serde_json::Value {
-        use serde_json::json;
-        match self {
-            StateSettings::Memory => json!({"backend": "memory"}),
-            StateSettings::Redis(r) => json!({
-                "backend": "redis",
-                "url": redact_url(r.url.expose()),
-                "key_prefix": r.key_prefix,
-                "timeout_ms": r.timeout.as_millis() as u64,
-                "on_unavailable": match r.on_unavailable {
-                    spec::OnUnavailable::Deny => "deny",
-                    spec::OnUnavailable::Local => "local",
-                },
-                "replicas": r.replicas,
-                "slot_lease_ms": r.slot_lease.as_millis() as u64,
-                "breaker_sync_ms": r.breaker_sync.as_millis() as u64,
-            }),
-        }
-    }
-}
-
-/// `redis://user:pw@host/0` -> `redis://user:***@host/0`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "***".into();
-    };
-    match rest.rsplit_once('@') {
-        Some((creds, host)) => {
-            let user = creds.split_once(':').map_or("", |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_string(),
-    }
-}
-
 /// `v`, or `default` when absent; 0 is an error at `path`.
-fn at_least_one(errs: &mut Errs, path: &str, v: Option<u64>, default: u64) -> u64 {
+pub(super) fn at_least_one(errs: &mut Errs, path: &str, v: Option<u64>, default: u64) -> u64 {
     match v {
         Some(0) => {
             errs.push(path, "must be at least 1");
@@ -145,91 +88,8 @@ fn at_least_one(errs: &mut Errs, path: &str, v: Option<u64>, default: u64) -> u6
     }
 }
 
-fn build_state(
-    errs: &mut Errs,
-    s: Option<&spec::StateSpec>,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> StateSettings {
-    let Some(s) = s else {
-        return StateSettings::Memory;
-    };
-    if s.backend == spec::StateBackend::Memory {
-        for (set, field) in [
-            (s.url.is_some(), "url"),
-            (s.url_env.is_some(), "url_env"),
-            (s.on_unavailable.is_some(), "on_unavailable"),
-        ] {
-            if set {
-                errs.push(format!("state.{field}"), "only applies to backend: redis");
-            }
-        }
-        return StateSettings::Memory;
-    }
-    let url = match (&s.url, &s.url_env) {
-        (Some(u), None) => Some(u.clone()),
-        (None, Some(var)) => match env(var) {
-            Some(v) if !v.trim().is_empty() => Some(v.trim().to_string()),
-            _ => {
-                errs.push(
-                    "state.url_env",
-                    format!("environment variable {var} is not set or empty"),
-                );
-                None
-            }
-        },
-        (Some(_), Some(_)) => {
-            errs.push("state.url", "give url or url_env, not both");
-            None
-        }
-        (None, None) => {
-            errs.push("state.url", "backend: redis needs url (or url_env)");
-            None
-        }
-    };
-    if let Some(u) = &url {
-        if !(u.starts_with("redis://") || u.starts_with("unix://")) {
-            errs.push(
-                if s.url.is_some() {
-                    "state.url"
-                } else {
-                    "state.url_env"
-                },
-                format!("`{}` is not a redis:// URL", redact_url(u)),
-            );
-        }
-    }
-    let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| {
-        at_least_one(errs, &format!("state.{field}"), v, default)
-    };
-    let on_unavailable = s.on_unavailable.unwrap_or(spec::OnUnavailable::Deny);
-    let replicas = match (on_unavailable, s.replicas) {
-        (spec::OnUnavailable::Local, None) => {
-            errs.push(
-                "state.replicas",
-                "on_unavailable: local needs replicas (each instance then admits 1/replicas of every limit)",
-            );
-            1
-        }
-        _ => positive(errs, "replicas", s.replicas, 1),
-    };
-    StateSettings::Redis(RedisSettings {
-        url: Secret::new(url.unwrap_or_default()),
-        key_prefix: s.key_prefix.clone().unwrap_or_else(|| "loopgate:".into()),
-        timeout: Duration::from_millis(positive(errs, "timeout_ms", s.timeout_ms, 50)),
-        on_unavailable,
-        replicas,
-        slot_lease: Duration::from_millis(positive(errs, "slot_lease_ms", s.slot_lease_ms, 30_000)),
-        breaker_sync: Duration::from_millis(positive(
-            errs,
-            "breaker_sync_ms",
-            s.breaker_sync_ms,
-            250,
-        )),
-    })
-}
-
 impl Config {
-    /// Every upstream the gateway connects to: providers and tools.
+    /// Every upstream the gateway connects to: providers, tools and MCP servers.
     pub fn upstreams(&self) -> impl Iterator<Item = &Arc<Provider>> {
         self.providers
             .iter()
@@ -237,7 +97,7 @@ impl Config {
             .chain(
                 self.mcp_servers
                     .values()
-                    .map(|m| &m.tool.route.targets[0].provider),
+                    .map(|m| &m.route.targets[0].provider),
             )
     }
 
@@ -343,340 +203,13 @@ impl Config {
     }
 }
 
-/// An HTTP tool upstream: a provider-like connection target with its own
-/// breaker, served through a one-target route (the gateway never retries a
-/// tool call on its own).
-#[derive(Debug)]
-pub struct Tool {
-    pub name: String,
-    pub route: Arc<Route>,
-    pub idempotency: Option<Idempotency>,
-    pub expect_json: bool,
-    /// Same failing answer this many times in a row isolates the tool for the task.
-    pub isolate_after: u32,
-    pub isolate_for: Duration,
-    /// `fail_mode: open`: forward when the gateway cannot decide.
-    pub fail_open: bool,
-}
-
-#[derive(Debug, Clone)]
-pub struct Idempotency {
-    pub required: bool,
-    pub ttl: Duration,
-    pub max_record_bytes: usize,
-    pub retry_after_failure: bool,
-}
-
-/// An MCP server: an upstream like a tool (credential, timeouts, breaker,
-/// fail mode), plus what the MCP rules need.
-#[derive(Debug)]
-pub struct McpServer {
-    pub tool: Arc<Tool>,
-    /// The endpoint's path on the server (and query), e.g. `/mcp`.
-    pub path: String,
-    pub writes: PatternList,
-    pub noise_fields: Vec<String>,
-}
-
-/// What one agent may use on one MCP server.
-#[derive(Debug)]
-pub struct McpAccess {
-    pub grant: loopgate_policy::mcp::McpGrant,
-    pub calls_per_minute: u64,
-    pub write_calls_per_minute: u64,
-}
-
-/// What an agent may do with one tool.
-#[derive(Debug)]
-pub struct ToolGrant {
-    pub methods: Vec<http::Method>,
-    pub paths: PatternList,
-    pub max_body_bytes: Option<u64>,
-}
-
-/// An agent's guards (the budgets live in its `AgentRules`).
-#[derive(Debug, Clone, Default)]
-pub struct Guards {
-    pub loops: Option<LoopConfig>,
-    pub snapshot_dir: Option<std::path::PathBuf>,
-    pub watchdog: Option<WatchdogConfig>,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
-    pub connect: Duration,
-    pub read: Duration,
-    pub total: Duration,
-}
-
-#[derive(Debug)]
-pub struct Provider {
-    /// Shared: breaker keys and `served_by` clone it per request without
-    /// copying.
-    pub name: Arc<str>,
-    pub kind: ProviderKind,
-    pub tls: bool,
-    pub host: String,
-    pub port: u16,
-    /// Path prefix from `base_url`, without a trailing slash ("" for none).
-    pub base_path: String,
-    /// `Host` header value sent upstream.
-    pub authority: String,
-    pub api_key: Option<Secret>,
-    /// Header values sent on every request, built once at load: inserting
-    /// a `&str` copies it into a new allocation each time. The credential
-    /// value is marked sensitive (the `http` crate then never prints it).
-    pub authority_value: http::HeaderValue,
-    pub name_value: http::HeaderValue,
-    pub credential_value: Option<http::HeaderValue>,
-    pub anthropic_version: String,
-    pub timeouts: Timeouts,
-    /// Resolved address: fixed for IP literals, refreshed in the background
-    /// for host names so that no request ever waits on DNS.
-    pub addr: ArcSwapOption<SocketAddr>,
-    pub breaker: BreakerConfig,
-    /// One breaker per provider and agent rather than per provider.
-    pub isolate_by_agent: bool,
-    pub probe: Option<Probe>,
-    /// A tool's credential header (`auth.header` + `auth.value_env`).
-    pub custom_auth: Option<(http::HeaderName, Secret)>,
-}
-
-impl Provider {
-    /// Whether this provider speaks the API behind `endpoint`.
-    pub fn serves(&self, endpoint: Endpoint) -> bool {
-        match self.kind {
-            ProviderKind::Anthropic => endpoint == Endpoint::Messages,
-            ProviderKind::Openai | ProviderKind::OpenaiCompatible => matches!(
-                endpoint,
-                Endpoint::ChatCompletions
-                    | Endpoint::Completions
-                    | Endpoint::Embeddings
-                    | Endpoint::Responses
-            ),
-        }
-    }
-
-    /// Resolves the host now (blocking): start-up and the background refresher only.
-    pub fn resolve(&self) -> std::io::Result<SocketAddr> {
-        use std::net::ToSocketAddrs;
-        let addr = (self.host.as_str(), self.port)
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| std::io::Error::other("no address"))?;
-        self.addr.store(Some(Arc::new(addr)));
-        Ok(addr)
-    }
-
-    /// Puts this provider's credential (and, for Anthropic, a default
-    /// `anthropic-version`) on an upstream request, the provider's way. The
-    /// one place a provider key is written anywhere.
-    pub fn authorize(&self, req: &mut pingora::http::RequestHeader) -> pingora::Result<()> {
-        if let Some((name, value)) = &self.custom_auth {
-            // Sensitive: a debug dump of the header map shows no secret.
-            let mut v = http::HeaderValue::from_str(value.expose()).map_err(|e| {
-                pingora::Error::because(pingora::ErrorType::InternalError, "tool credential", e)
-            })?;
-            v.set_sensitive(true);
-            req.insert_header(name.clone(), v)?;
-        }
-        if let Some(value) = &self.credential_value {
-            let name = match self.kind {
-                ProviderKind::Anthropic => "x-api-key",
-                ProviderKind::Openai | ProviderKind::OpenaiCompatible => "authorization",
-            };
-            req.insert_header(name, value.clone())?;
-        }
-        if self.kind == ProviderKind::Anthropic && !req.headers.contains_key("anthropic-version") {
-            req.insert_header("anthropic-version", self.anthropic_version.as_str())?;
-        }
-        Ok(())
-    }
-
-    pub fn needs_dns(&self) -> bool {
-        self.host.parse::<IpAddr>().is_err()
-    }
-}
-
-#[derive(Debug)]
-pub struct Target {
-    pub provider: Arc<Provider>,
-    pub weight: u32,
-    /// Model name sent to this provider instead of the requested one.
-    pub model: Option<String>,
-    /// The field this target reads a chat completion's output limit from
-    /// (its own setting, else its route's).
-    pub chat_limit_field: Option<LimitField>,
-}
-
-#[derive(Debug)]
-pub struct Route {
-    /// In fallback order.
-    pub targets: Vec<Target>,
-    /// Attempts in all, the first included.
-    pub max_attempts: u32,
-    /// No attempt starts after this long.
-    pub max_total: Duration,
-    /// The config's model settings (shared by every route of a snapshot),
-    /// so each attempt judges its target with the config that admitted it.
-    pub models: Arc<ModelCatalog>,
-}
-
-impl Route {
-    /// What target `i` accepts as the output limit of a call to `model`
-    /// (the name it is sent), on `endpoint`, when the agent named `named`;
-    /// `None` for an endpoint without output. The field: for chat
-    /// completions the target's (or route's) setting, else the model's,
-    /// else `max_completion_tokens` for OpenAI's reasoning models on
-    /// `kind: openai`, else `max_tokens`; the endpoint's own field
-    /// elsewhere.
-    pub fn target_output(
-        &self,
-        i: usize,
-        endpoint: Endpoint,
-        model: &str,
-        named: &str,
-    ) -> Option<TargetOutput> {
-        let target = self.targets.get(i)?;
-        let info = self.models.find(model);
-        let field = match endpoint {
-            Endpoint::ChatCompletions => target
-                .chat_limit_field
-                .or(info.and_then(|m| m.chat_limit_field))
-                .unwrap_or(
-                    if target.provider.kind == ProviderKind::Openai
-                        && openai_needs_max_completion_tokens(model)
-                    {
-                        LimitField::MaxCompletionTokens
-                    } else {
-                        LimitField::MaxTokens
-                    },
-                ),
-            _ => LimitField::from_name(endpoint.max_tokens_field()?)?,
-        };
-        Some(TargetOutput {
-            field,
-            max_output: info.and_then(|m| m.max_output_tokens),
-            clamp_asked: model != named || info.is_some_and(|m| m.clamp_requested),
-        })
-    }
-}
-
-/// What the config says of one model (`models:`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelInfo {
-    pub max_output_tokens: Option<u64>,
-    pub chat_limit_field: Option<LimitField>,
-    pub clamp_requested: bool,
-}
-
-/// Model settings by the name sent upstream: exact names first, then the
-/// longest matching prefix.
-#[derive(Debug, Default)]
-pub struct ModelCatalog {
-    exact: HashMap<String, ModelInfo, ahash::RandomState>,
-    /// Longest first.
-    prefixes: Vec<(String, ModelInfo)>,
-}
-
-impl ModelCatalog {
-    pub fn find(&self, model: &str) -> Option<&ModelInfo> {
-        self.exact.get(model).or_else(|| {
-            self.prefixes
-                .iter()
-                .find(|(p, _)| model.starts_with(p.as_str()))
-                .map(|(_, m)| m)
-        })
-    }
-}
-
-fn chat_limit_field(f: spec::ChatLimitField) -> LimitField {
-    match f {
-        spec::ChatLimitField::MaxTokens => LimitField::MaxTokens,
-        spec::ChatLimitField::MaxCompletionTokens => LimitField::MaxCompletionTokens,
-    }
-}
-
-fn build_models(
-    errs: &mut Errs,
-    models: &std::collections::BTreeMap<String, spec::ModelSpec>,
-) -> ModelCatalog {
-    let mut catalog = ModelCatalog::default();
-    for (name, m) in models {
-        let at = format!("models.{name}");
-        if m.max_output_tokens == Some(0) {
-            errs.push(format!("{at}.max_output_tokens"), "must be at least 1");
-        }
-        if m.clamp_requested == Some(true) && m.max_output_tokens.is_none() {
-            errs.push(
-                format!("{at}.clamp_requested"),
-                "needs max_output_tokens: there is nothing to clamp to",
-            );
-        }
-        let info = ModelInfo {
-            max_output_tokens: m.max_output_tokens.filter(|&n| n > 0),
-            chat_limit_field: m.max_tokens_field.map(chat_limit_field),
-            clamp_requested: m.clamp_requested.unwrap_or(false),
-        };
-        match NamePattern::parse(name) {
-            Ok(NamePattern::Exact(n)) => {
-                catalog.exact.insert(n, info);
-            }
-            Ok(NamePattern::Prefix(p)) => catalog.prefixes.push((p, info)),
-            Err(why) => errs.push(at, why),
-        }
-    }
-    catalog
-        .prefixes
-        .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
-    catalog
-}
-
-/// The read-only request that tests a half-open breaker.
-#[derive(Debug, Clone)]
-pub struct Probe {
-    pub method: http::Method,
-    pub path: String,
-}
-
-/// Model name to route: exact names first, then the longest matching prefix.
-#[derive(Debug, Default)]
-pub struct Routes {
-    /// ahash: looked up with an agent's model name on every request.
-    exact: HashMap<String, Arc<Route>, ahash::RandomState>,
-    /// (prefix, its `prefix*` label, route)
-    prefixes: Vec<(String, Arc<str>, Arc<Route>)>,
-}
-
-impl Routes {
-    /// The route for `model`, with the config's name for it (the model
-    /// itself, or the `prefix*` that matched): a bounded metrics label.
-    pub fn find(&self, model: &str) -> Option<(&str, &Arc<Route>)> {
-        if let Some((name, r)) = self.exact.get_key_value(model) {
-            return Some((name.as_str(), r));
-        }
-        self.prefixes
-            .iter()
-            .find(|(p, _, _)| model.starts_with(p.as_str()))
-            .map(|(_, label, r)| (label.as_ref(), r))
-    }
-
-    /// The model names (and `prefix*` forms) with a route.
-    pub fn names(&self) -> impl Iterator<Item = String> + '_ {
-        let mut v: Vec<String> = self.exact.keys().cloned().collect();
-        v.extend(self.prefixes.iter().map(|(_, label, _)| label.to_string()));
-        v.sort();
-        v.into_iter()
-    }
-}
-
-struct Errs<'a> {
-    file: &'a str,
-    list: Vec<ConfigError>,
+pub(super) struct Errs<'a> {
+    pub(super) file: &'a str,
+    pub(super) list: Vec<ConfigError>,
 }
 
 impl Errs<'_> {
-    fn push(&mut self, path: impl Into<String>, why: impl Into<String>) {
+    pub(super) fn push(&mut self, path: impl Into<String>, why: impl Into<String>) {
         self.list.push(ConfigError {
             file: self.file.to_string(),
             path: path.into(),
@@ -789,177 +322,25 @@ pub fn build(
         errs.push("providers", "at least one provider is required");
     }
     for (name, p) in &spec.providers {
-        if let Some(provider) = build_provider(&mut errs, "providers", name, p, env) {
+        if let Some(provider) =
+            build_provider(&mut errs, "providers", PROVIDER_FIELDS, name, p, env)
+        {
             providers.insert(name.clone(), Arc::new(provider));
         }
     }
 
     let spec_tool_names: HashSet<String> = spec.tools.keys().cloned().collect();
-    let mut tools: HashMap<String, Arc<Tool>> = HashMap::new();
-    for (name, t) in spec.tools {
-        if let Some(tool) = build_tool(&mut errs, "tools", &name, t, env) {
-            tools.insert(name, Arc::new(tool));
-        }
-    }
-    let mut mcp_servers: HashMap<String, Arc<McpServer>> = HashMap::new();
-    for (name, m) in spec.mcp_servers {
-        let at = format!("mcp_servers.{name}");
-        if spec_tool_names.contains(&name) {
-            // They would share a breaker key and a metrics label.
-            errs.push(
-                at.clone(),
-                format!("`{name}` is also a tool name; pick another"),
-            );
-        }
-        let path = match m.url.split_once("://").map(|(_, rest)| rest) {
-            Some(rest) => match rest.find('/') {
-                Some(i) => rest[i..].to_string(),
-                None => "/".to_string(),
-            },
-            None => "/".to_string(), // build_tool reports the bad URL
-        };
-        let base_url = m
-            .url
-            .strip_suffix(path.as_str())
-            .unwrap_or(&m.url)
-            .to_string();
-        let writes = patterns(&mut errs, &format!("{at}.writes"), &m.writes);
-        let as_tool = spec::ToolSpec {
-            base_url,
-            auth: m.auth,
-            timeouts: m.timeouts,
-            breaker: m.breaker,
-            idempotency: None,
-            // A 2xx that is not JSON (nor an SSE stream) is not JSON-RPC:
-            // it counts against the server's breaker.
-            expect_json: Some(true),
-            isolate_after: None,
-            isolate_ms: None,
-            fail_mode: m.fail_mode,
-        };
-        if let Some(tool) = build_tool(&mut errs, "mcp_servers", &name, as_tool, env) {
-            mcp_servers.insert(
-                name,
-                Arc::new(McpServer {
-                    tool: Arc::new(tool),
-                    path,
-                    writes,
-                    noise_fields: m.noise_fields,
-                }),
-            );
-        }
-    }
+    let tools = build_tools(&mut errs, spec.tools, env);
+    let mcp_servers = build_mcp_servers(&mut errs, spec.mcp_servers, &spec_tool_names, env);
 
     let models = Arc::new(build_models(&mut errs, &spec.models));
-    let mut routes = Routes::default();
-    let mut seen_models: HashSet<String> = HashSet::new();
-    for (i, r) in spec.routes.iter().enumerate() {
-        let at = format!("routes[{i}]");
-        if r.models.is_empty() {
-            errs.push(format!("{at}.models"), "at least one model is required");
-        }
-        if r.targets.is_empty() {
-            errs.push(format!("{at}.targets"), "at least one target is required");
-        }
-        let mut targets = Vec::new();
-        for (j, t) in r.targets.iter().enumerate() {
-            let weight = t.weight.unwrap_or(1);
-            if weight == 0 {
-                errs.push(format!("{at}.targets[{j}].weight"), "must be at least 1");
-            }
-            if t.model
-                .as_deref()
-                .is_some_and(|m| m.is_empty() || m.contains('*'))
-            {
-                errs.push(format!("{at}.targets[{j}].model"), "must be a model name");
-            }
-            let field = t.max_tokens_field.or(r.max_tokens_field);
-            match providers.get(&t.provider) {
-                Some(p) if p.kind == ProviderKind::Anthropic && field.is_some() => {
-                    let at = match t.max_tokens_field {
-                        Some(_) => format!("{at}.targets[{j}].max_tokens_field"),
-                        None => format!("{at}.max_tokens_field"),
-                    };
-                    errs.push(
-                        at,
-                        format!(
-                            "provider `{}` is anthropic, which reads only `max_tokens`: \
-                             the setting is for chat completions on OpenAI-style providers",
-                            t.provider
-                        ),
-                    );
-                }
-                Some(p) => targets.push(Target {
-                    provider: p.clone(),
-                    weight: weight.max(1),
-                    model: t.model.clone(),
-                    chat_limit_field: field.map(chat_limit_field),
-                }),
-                None if spec.providers.contains_key(&t.provider) => {} // error already reported
-                None => errs.push(
-                    format!("{at}.targets[{j}].provider"),
-                    format!(
-                        "unknown provider `{}` (defined: {})",
-                        t.provider,
-                        list(spec.providers.keys())
-                    ),
-                ),
-            }
-        }
-        if let Some(kind) = targets.first().map(|t| t.provider.kind) {
-            let family = |k: ProviderKind| k == ProviderKind::Anthropic;
-            if targets
-                .iter()
-                .any(|t| family(t.provider.kind) != family(kind))
-            {
-                errs.push(
-                    format!("{at}.targets"),
-                    "targets of one route must all speak the same API (anthropic or openai-style)",
-                );
-            }
-        }
-        let retry = r.retry.as_ref();
-        let max_attempts = retry
-            .and_then(|r| r.max_attempts)
-            .unwrap_or(targets.len().max(1) as u32);
-        if max_attempts == 0 || max_attempts > 10 {
-            errs.push(
-                format!("{at}.retry.max_attempts"),
-                "must be between 1 and 10",
-            );
-        }
-        let max_total_ms = retry.and_then(|r| r.max_total_ms).unwrap_or(60_000);
-        if max_total_ms == 0 {
-            errs.push(format!("{at}.retry.max_total_ms"), "must be at least 1");
-        }
-        let route = Arc::new(Route {
-            targets,
-            max_attempts: max_attempts.clamp(1, 10),
-            max_total: Duration::from_millis(max_total_ms),
-            models: models.clone(),
-        });
-        for (j, m) in r.models.iter().enumerate() {
-            let path = format!("{at}.models[{j}]");
-            if !seen_models.insert(m.clone()) {
-                errs.push(path, format!("model `{m}` is routed twice"));
-                continue;
-            }
-            match NamePattern::parse(m) {
-                Ok(NamePattern::Exact(name)) => {
-                    routes.exact.insert(name, route.clone());
-                }
-                Ok(NamePattern::Prefix(p)) => {
-                    let label: Arc<str> = Arc::from(format!("{p}*"));
-                    routes.prefixes.push((p, label, route.clone()))
-                }
-                Err(why) => errs.push(path, why),
-            }
-        }
-    }
-    // Longest prefix first, so `gpt-4o-mini*` wins over `gpt-4o*`.
-    routes
-        .prefixes
-        .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+    let routes = build_routes(
+        &mut errs,
+        &spec.routes,
+        &spec.providers,
+        &providers,
+        &models,
+    );
 
     let global_phrases = match &spec.policy.blocked_phrases {
         Some(p) if !p.is_empty() => compile_phrases(&mut errs, "policy.blocked_phrases", p),
@@ -1263,7 +644,7 @@ pub fn build(
     })
 }
 
-fn list<I: IntoIterator<Item = S>, S: AsRef<str>>(items: I) -> String {
+pub(super) fn list<I: IntoIterator<Item = S>, S: AsRef<str>>(items: I) -> String {
     items
         .into_iter()
         .map(|s| s.as_ref().to_string())
@@ -1271,664 +652,30 @@ fn list<I: IntoIterator<Item = S>, S: AsRef<str>>(items: I) -> String {
         .join(", ")
 }
 
-fn build_connections(errs: &mut Errs, spec: Option<&spec::ConnectionsSpec>) -> ConnectionLimits {
-    let d = ConnectionLimits::default();
-    let Some(c) = spec else { return d };
-    let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| match v {
-        Some(0) => {
-            errs.push(format!("listen.connections.{field}"), "must be at least 1");
-            default
-        }
-        Some(v) => v,
-        None => default,
-    };
-    let ms = |d: Duration| d.as_millis() as u64;
-    let mut trusted = Vec::new();
-    for (i, t) in c.trusted.iter().flatten().enumerate() {
-        let net = t
-            .parse::<ipnet::IpNet>()
-            .or_else(|_| t.parse::<IpAddr>().map(ipnet::IpNet::from));
-        match net {
-            Ok(n) => trusted.push(n),
-            Err(_) => errs.push(
-                format!("listen.connections.trusted[{i}]"),
-                format!("`{t}` is not an IP address or CIDR range (e.g. 10.0.0.0/8)"),
-            ),
-        }
-    }
-    ConnectionLimits {
-        slow_per_client: positive(
-            errs,
-            "slow_per_client",
-            c.slow_per_client.map(|v| v as u64),
-            d.slow_per_client as u64,
-        ) as usize,
-        max: c
-            .max
-            .map(|v| positive(errs, "max", Some(v as u64), 1) as usize),
-        header_timeout: Duration::from_millis(positive(
-            errs,
-            "header_timeout_ms",
-            c.header_timeout_ms,
-            ms(d.header_timeout),
-        )),
-        idle_timeout: Duration::from_millis(positive(
-            errs,
-            "idle_timeout_ms",
-            c.idle_timeout_ms,
-            ms(d.idle_timeout),
-        )),
-        reserve_fds: c.reserve_fds.unwrap_or(d.reserve_fds),
-        trusted,
-    }
-}
-
-fn parse_addr(errs: &mut Errs, path: &str, s: &str) -> Option<SocketAddr> {
-    match s.parse() {
-        Ok(a) => Some(a),
-        Err(_) => {
-            errs.push(
-                path,
-                format!("`{s}` is not an IP:port address (e.g. 127.0.0.1:8080)"),
-            );
-            None
-        }
-    }
-}
-
-fn build_budgets(errs: &mut Errs, at: &str, b: Option<&spec::BudgetsSpec>) -> Budgets {
-    let d = Budgets::default();
-    let Some(b) = b else { return d };
-    let field = |f: &str| format!("{at}.budgets.{f}");
-    for (f, v) in [
-        ("task_tokens", b.task_tokens),
-        ("daily_tokens", b.daily_tokens),
-        ("task_ttl_ms", b.task_ttl_ms),
-        ("default_max_tokens", b.default_max_tokens),
-    ] {
-        if v == Some(0) {
-            errs.push(field(f), "must be at least 1");
-        }
-    }
-    Budgets {
-        task_tokens: b.task_tokens,
-        task_ttl: b.task_ttl_ms.map_or(d.task_ttl, Duration::from_millis),
-        daily_tokens: b.daily_tokens,
-        default_max_tokens: b.default_max_tokens.unwrap_or(d.default_max_tokens),
-    }
-}
-
-/// Agent headers that change what the upstream does on the gateway's
-/// credential or that speak for the gateway: stripped from every request,
-/// unless an agent's `forward_headers` allows one of the first group.
-/// - re-scope the shared provider key: `openai-organization`,
-///   `openai-project`; enable provider features: `anthropic-beta` (the MCP
-///   connector among them), `anthropic-version` is set by the SDKs and kept;
-/// - change the method a framework runs: `x-http-method-override` and its
-///   spellings (a DELETE under a GET grant);
-/// - speak for the client's address, which only the gateway knows:
-///   `x-forwarded-*`, `forwarded`, `x-real-ip` and the CDN variants.
-pub const SCOPING_HEADERS: [&str; 3] = ["openai-organization", "openai-project", "anthropic-beta"];
-pub const NEVER_FORWARDED: [&str; 11] = [
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
-    "x-forwarded-for",
-    "x-forwarded-host",
-    "x-forwarded-proto",
-    "forwarded",
-    "x-real-ip",
-    "true-client-ip",
-    "cf-connecting-ip",
-    "x-client-ip",
-];
-
-fn build_forward_headers(errs: &mut Errs, at: &str, names: &[String]) -> Vec<http::HeaderName> {
-    let mut out = Vec::new();
-    for (i, n) in names.iter().enumerate() {
-        let lower = n.to_ascii_lowercase();
-        if !SCOPING_HEADERS.contains(&lower.as_str()) {
-            errs.push(
-                format!("{at}[{i}]"),
-                format!(
-                    "`{n}` cannot be forwarded; allowed: {}",
-                    SCOPING_HEADERS.join(", ")
-                ),
-            );
-            continue;
-        }
-        if let Ok(h) = http::HeaderName::from_bytes(lower.as_bytes()) {
-            out.push(h);
-        }
-    }
-    out
-}
-
-fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<LoopConfig> {
-    if l.enabled == Some(false) {
-        return None;
-    }
-    let d = LoopConfig::default();
-    let window = l.window.unwrap_or(d.window);
-    let repeats = l.repeats.unwrap_or(d.repeats);
-    if !(2..=1000).contains(&window) {
-        errs.push(
-            format!("{at}.loop_guard.window"),
-            "must be between 2 and 1000",
-        );
-    }
-    if repeats < 2 || repeats > window {
-        errs.push(
-            format!("{at}.loop_guard.repeats"),
-            "must be at least 2 and at most `window`",
-        );
-    }
-    let cooldown = Duration::from_millis(l.cooldown_ms.unwrap_or(d.cooldown.as_millis() as u64));
-    let max_cooldown = Duration::from_millis(
-        l.max_cooldown_ms
-            .unwrap_or(d.max_cooldown.as_millis() as u64)
-            .max(1),
-    );
-    if cooldown.is_zero() || max_cooldown < cooldown {
-        errs.push(
-            format!("{at}.loop_guard.cooldown_ms"),
-            "must be at least 1 and at most max_cooldown_ms",
-        );
-    }
-    Some(LoopConfig {
-        window,
-        repeats,
-        last_turns: l.last_turns.unwrap_or(d.last_turns).max(1),
-        ignore_fields: l.ignore_fields.clone().unwrap_or(d.ignore_fields),
-        cooldown,
-        max_cooldown,
-        clear_after: l.clear_after.unwrap_or(d.clear_after).max(1),
-        idle_ttl: d.idle_ttl,
-    })
-}
-
-fn thresholds(errs: &mut Errs, at: &str, t: &spec::ThresholdsSpec) -> Thresholds {
-    if t.budget_used.is_some_and(|b| !(b > 0.0 && b <= 1.0)) {
-        errs.push(format!("{at}.budget_used"), "must be a share in (0, 1]");
-    }
-    Thresholds {
-        calls_per_minute: t.calls_per_minute,
-        steps: t.steps,
-        latency_ms: t.latency_ms,
-        budget_used: t.budget_used,
-    }
-}
-
-fn build_watchdog(
-    errs: &mut Errs,
-    at: &str,
-    w: &spec::WatchdogSpec,
-    models: &PatternList,
-) -> Option<WatchdogConfig> {
-    let action = match (w.action, &w.degrade_to) {
-        (spec::RedActionSpec::Stop, _) => RedAction::Stop,
-        (spec::RedActionSpec::Degrade, Some(m)) => {
-            if !models.allows(m) {
-                errs.push(
-                    format!("{at}.watchdog.degrade_to"),
-                    format!("the agent may not use `{m}`"),
-                );
-            }
-            RedAction::Degrade(m.clone())
-        }
-        (spec::RedActionSpec::Degrade, None) => {
-            errs.push(
-                format!("{at}.watchdog.degrade_to"),
-                "required with action: degrade",
-            );
-            return None;
-        }
-    };
-    Some(WatchdogConfig {
-        yellow: thresholds(errs, &format!("{at}.watchdog.yellow"), &w.yellow),
-        red: thresholds(errs, &format!("{at}.watchdog.red"), &w.red),
-        action,
-        idle_ttl: Duration::from_secs(3600),
-    })
-}
-
-fn patterns(errs: &mut Errs, path: &str, items: &[String]) -> PatternList {
+pub(super) fn patterns(errs: &mut Errs, path: &str, items: &[String]) -> PatternList {
     PatternList::parse(items).unwrap_or_else(|(j, why)| {
         errs.push(format!("{path}[{j}]"), why);
         PatternList::default()
     })
 }
 
-fn check_positive(errs: &mut Errs, path: &str, v: Option<u64>) {
+pub(super) fn check_positive(errs: &mut Errs, path: &str, v: Option<u64>) {
     if v == Some(0) {
         errs.push(path, "must be at least 1 (omit it for no limit)");
     }
 }
 
-fn compile_phrases(errs: &mut Errs, path: &str, phrases: &[String]) -> Option<Arc<PhraseMatcher>> {
-    match PhraseMatcher::new(phrases) {
-        Ok(m) => Some(Arc::new(m)),
-        Err(why) => {
-            errs.push(path, why);
-            None
-        }
-    }
-}
-
-fn parse_dry_run(errs: &mut Errs, path: &str, codes: Option<&[String]>) -> HashSet<DenyCode> {
-    let mut set = HashSet::new();
-    for (j, c) in codes.unwrap_or_default().iter().enumerate() {
-        match DenyCode::parse(c).filter(|c| c.dry_runnable()) {
-            Some(code) => {
-                set.insert(code);
-            }
-            None => errs.push(
-                format!("{path}[{j}]"),
-                format!(
-                    "`{c}` is not a rule that can run in dry-run (one of: {})",
-                    list(
-                        DenyCode::ALL
-                            .iter()
-                            .filter(|c| c.dry_runnable())
-                            .map(|c| c.as_str())
-                    )
-                ),
-            ),
-        }
-    }
-    set
-}
-
-fn parse_headers(errs: &mut Errs, path: &str, headers: Option<&[String]>) -> Vec<String> {
-    let mut out = Vec::new();
-    for (j, h) in headers.unwrap_or_default().iter().enumerate() {
-        match http::HeaderName::from_bytes(h.as_bytes()) {
-            Ok(name) => out.push(name.as_str().to_string()),
-            Err(_) => errs.push(
-                format!("{path}[{j}]"),
-                format!("`{h}` is not a valid header name"),
-            ),
-        }
-    }
-    out
-}
-
-fn check_body_limit(errs: &mut Errs, path: &str, v: u64) {
+pub(super) fn check_body_limit(errs: &mut Errs, path: &str, v: u64) {
     if v == 0 || v > MAX_MAX_BODY_BYTES {
         errs.push(path, format!("must be between 1 and {MAX_MAX_BODY_BYTES}"));
     }
-}
-
-fn build_provider(
-    errs: &mut Errs,
-    section: &str,
-    name: &str,
-    p: &spec::ProviderSpec,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Option<Provider> {
-    let at = format!("{section}.{name}");
-    let before = errs.list.len();
-    let uri: Option<http::Uri> = match p.base_url.parse::<http::Uri>() {
-        Ok(u) => Some(u),
-        Err(e) => {
-            errs.push(format!("{at}.base_url"), format!("not a URL: {e}"));
-            None
-        }
-    };
-    let mut parts = None;
-    if let Some(uri) = uri {
-        let tls = match uri.scheme_str() {
-            Some("https") => Some(true),
-            Some("http") => Some(false),
-            _ => {
-                errs.push(
-                    format!("{at}.base_url"),
-                    "must start with http:// or https://",
-                );
-                None
-            }
-        };
-        let host = uri
-            .host()
-            .filter(|h| !h.is_empty())
-            .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string());
-        if host.is_none() {
-            errs.push(format!("{at}.base_url"), "must name a host");
-        }
-        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
-            errs.push(
-                format!("{at}.base_url"),
-                "must not contain credentials; use api_key_env",
-            );
-        }
-        if uri.query().is_some() {
-            errs.push(format!("{at}.base_url"), "must not contain a query string");
-        }
-        if let (Some(tls), Some(host)) = (tls, host) {
-            let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-            let base_path = uri.path().trim_end_matches('/').to_string();
-            let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
-            parts = Some((tls, host, port, base_path, authority));
-        }
-    }
-
-    let api_key = match &p.api_key_env {
-        Some(var) if var.is_empty() => {
-            errs.push(
-                format!("{at}.api_key_env"),
-                "must name an environment variable",
-            );
-            None
-        }
-        Some(var) => match env(var) {
-            Some(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_string())),
-            Some(_) => {
-                errs.push(
-                    format!("{at}.api_key_env"),
-                    format!("environment variable {var} is empty"),
-                );
-                None
-            }
-            None => {
-                errs.push(
-                    format!("{at}.api_key_env"),
-                    format!("environment variable {var} is not set"),
-                );
-                None
-            }
-        },
-        None if p.kind != ProviderKind::OpenaiCompatible => {
-            errs.push(
-                format!("{at}.api_key_env"),
-                "required for this provider kind (only openai_compatible may run without a key)",
-            );
-            None
-        }
-        None => None,
-    };
-    if p.anthropic_version.is_some() && p.kind != ProviderKind::Anthropic {
-        errs.push(
-            format!("{at}.anthropic_version"),
-            "only applies to kind: anthropic",
-        );
-    }
-
-    let t = &p.timeouts;
-    let mut ms = |field: &str, v: Option<u64>, default: u64| -> Duration {
-        let v = v.unwrap_or(default);
-        if v == 0 || v > 24 * 3600 * 1000 {
-            errs.push(
-                format!("{at}.timeouts.{field}"),
-                "must be between 1 and 86400000 milliseconds",
-            );
-        }
-        Duration::from_millis(v)
-    };
-    let timeouts = Timeouts {
-        connect: ms("connect_ms", t.connect_ms, 5_000),
-        read: ms("read_ms", t.read_ms, 120_000),
-        total: ms("total_ms", t.total_ms, 600_000),
-    };
-
-    let (breaker, isolate_by_agent, probe) = build_breaker(errs, &at, &p.breaker);
-
-    if errs.list.len() != before {
-        return None;
-    }
-    let (tls, host, port, base_path, authority) = parts?;
-    let credential_value = match &api_key {
-        Some(key) => {
-            let raw = match p.kind {
-                ProviderKind::Anthropic => key.expose().to_string(),
-                ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
-                    format!("Bearer {}", key.expose())
-                }
-            };
-            match http::HeaderValue::from_str(&raw) {
-                Ok(mut v) => {
-                    v.set_sensitive(true);
-                    Some(v)
-                }
-                Err(_) => {
-                    // Names the variable, never the value.
-                    errs.push(
-                        format!("{at}.api_key_env"),
-                        "the key holds characters an HTTP header cannot carry",
-                    );
-                    return None;
-                }
-            }
-        }
-        None => None,
-    };
-    let Ok(name_value) = http::HeaderValue::from_str(name) else {
-        errs.push(
-            at,
-            "the name holds characters an HTTP header cannot carry (it is sent in x-loopgate-provider)",
-        );
-        return None;
-    };
-    let Ok(authority_value) = http::HeaderValue::from_str(&authority) else {
-        errs.push(
-            format!("{at}.base_url"),
-            "the host cannot be sent in a Host header",
-        );
-        return None;
-    };
-    let addr = host
-        .parse::<IpAddr>()
-        .ok()
-        .map(|ip| Arc::new(SocketAddr::new(ip, port)));
-    Some(Provider {
-        name: Arc::from(name),
-        kind: p.kind,
-        tls,
-        host,
-        port,
-        base_path,
-        authority,
-        api_key,
-        authority_value,
-        name_value,
-        credential_value,
-        anthropic_version: p
-            .anthropic_version
-            .clone()
-            .unwrap_or_else(|| DEFAULT_ANTHROPIC_VERSION.to_string()),
-        timeouts,
-        addr: ArcSwapOption::new(addr),
-        breaker,
-        isolate_by_agent,
-        probe,
-        custom_auth: None,
-    })
-}
-
-fn build_tool(
-    errs: &mut Errs,
-    section: &str,
-    name: &str,
-    t: spec::ToolSpec,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Option<Tool> {
-    let at = format!("{section}.{name}");
-    let (bearer, custom) = match &t.auth {
-        None => (None, None),
-        Some(a) => match (&a.bearer_env, &a.header, &a.value_env) {
-            (Some(b), None, None) => (Some(b.clone()), None),
-            (None, Some(h), Some(v)) => (None, Some((h.clone(), v.clone()))),
-            _ => {
-                errs.push(
-                    format!("{at}.auth"),
-                    "use either bearer_env, or header with value_env",
-                );
-                (None, None)
-            }
-        },
-    };
-    let idempotency = t.idempotency.as_ref().map(|i| Idempotency {
-        required: i.mode == spec::IdempotencyMode::Required,
-        ttl: Duration::from_millis(i.ttl_ms.unwrap_or(86_400_000).max(1)),
-        max_record_bytes: i.max_record_bytes.unwrap_or(1024 * 1024),
-        retry_after_failure: i.retry_after_failure.unwrap_or(false),
-    });
-    let expect_json = t.expect_json.unwrap_or(false);
-    let fail_open = t.fail_mode == Some(spec::FailMode::Open);
-    let (isolate_after, isolate_ms) = (t.isolate_after, t.isolate_ms);
-    let as_provider = spec::ProviderSpec {
-        kind: ProviderKind::OpenaiCompatible,
-        base_url: t.base_url,
-        api_key_env: bearer,
-        anthropic_version: None,
-        timeouts: t.timeouts,
-        breaker: t.breaker,
-    };
-    let mut provider = build_provider(errs, "tools", name, &as_provider, env)?;
-    if let Some((header, var)) = custom {
-        let name_ok = http::HeaderName::from_bytes(header.as_bytes());
-        let value = env(&var).filter(|v| !v.trim().is_empty());
-        match (name_ok, value) {
-            (Ok(h), Some(v)) => provider.custom_auth = Some((h, Secret::new(v.trim().to_string()))),
-            (Err(_), _) => {
-                errs.push(
-                    format!("{at}.auth.header"),
-                    format!("`{header}` is not a header name"),
-                );
-                return None;
-            }
-            (_, None) => {
-                errs.push(
-                    format!("{at}.auth.value_env"),
-                    format!("environment variable {var} is not set or empty"),
-                );
-                return None;
-            }
-        }
-    }
-    let provider = Arc::new(provider);
-    Some(Tool {
-        name: name.to_string(),
-        route: Arc::new(Route {
-            targets: vec![Target {
-                provider,
-                weight: 1,
-                model: None,
-                chat_limit_field: None,
-            }],
-            max_attempts: 1,
-            max_total: Duration::from_secs(600),
-            models: Arc::default(),
-        }),
-        idempotency,
-        expect_json,
-        isolate_after: isolate_after.unwrap_or(3).max(1),
-        isolate_for: Duration::from_millis(isolate_ms.unwrap_or(30_000).max(1)),
-        fail_open,
-    })
-}
-
-fn build_breaker(
-    errs: &mut Errs,
-    at: &str,
-    b: &spec::BreakerSpec,
-) -> (BreakerConfig, bool, Option<Probe>) {
-    let d = BreakerConfig::default();
-    let mut ms = |field: &str, v: Option<u64>, default: Duration| -> Duration {
-        match v {
-            Some(0) => {
-                errs.push(format!("{at}.breaker.{field}"), "must be at least 1");
-                default
-            }
-            Some(v) => Duration::from_millis(v),
-            None => default,
-        }
-    };
-    let window = ms("window_ms", b.window_ms, d.window);
-    let open_for = ms("open_ms", b.open_ms, d.open_for);
-    let max_open_for = ms("max_open_ms", b.max_open_ms, d.max_open_for.max(open_for));
-    let healthy_after = ms("healthy_after_ms", b.healthy_after_ms, d.healthy_after);
-    if max_open_for < open_for {
-        errs.push(
-            format!("{at}.breaker.max_open_ms"),
-            "must not be less than open_ms",
-        );
-    }
-    let mut rate = |field: &str, v: Option<f64>, default: f64| -> f64 {
-        match v {
-            Some(r) if !(r > 0.0 && r <= 1.0) => {
-                errs.push(format!("{at}.breaker.{field}"), "must be a share in (0, 1]");
-                default
-            }
-            Some(r) => r,
-            None => default,
-        }
-    };
-    let failure_rate = rate("failure_rate", b.failure_rate, d.failure_rate);
-    let timeout_rate = rate("timeout_rate", b.timeout_rate, d.timeout_rate);
-    let mut count = |field: &str, v: Option<u32>, default: u32| -> u32 {
-        match v {
-            Some(0) => {
-                errs.push(format!("{at}.breaker.{field}"), "must be at least 1");
-                default
-            }
-            Some(v) => v,
-            None => default,
-        }
-    };
-    let consecutive_failures = count(
-        "consecutive_failures",
-        b.consecutive_failures,
-        d.consecutive_failures,
-    );
-    let min_requests = count("min_requests", b.min_requests, d.min_requests);
-    let half_open_probes = count("half_open_probes", b.half_open_probes, d.half_open_probes);
-    let probe = b.probe.as_ref().and_then(|p| {
-        let method = match p
-            .method
-            .as_deref()
-            .unwrap_or("GET")
-            .to_ascii_uppercase()
-            .as_str()
-        {
-            "GET" => http::Method::GET,
-            "HEAD" => http::Method::HEAD,
-            other => {
-                errs.push(
-                    format!("{at}.breaker.probe.method"),
-                    format!("`{other}` is not read-only: use GET or HEAD"),
-                );
-                return None;
-            }
-        };
-        if !p.path.starts_with('/') {
-            errs.push(format!("{at}.breaker.probe.path"), "must start with /");
-            return None;
-        }
-        Some(Probe {
-            method,
-            path: p.path.clone(),
-        })
-    });
-    let cfg = BreakerConfig {
-        consecutive_failures,
-        failure_rate,
-        timeout_rate,
-        min_requests,
-        window,
-        open_for,
-        max_open_for,
-        half_open_probes,
-        healthy_after,
-        active_probe: probe.is_some(),
-    };
-    let isolate = b.isolate_by == Some(spec::IsolateBy::Agent);
-    (cfg, isolate, probe)
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::parse;
     use super::*;
+    use loopgate_policy::LimitField;
 
     fn build_str(yaml: &str) -> Result<Config, Vec<String>> {
         let spec = parse("t.yaml", yaml).map_err(|e| vec![e.to_string()])?;
@@ -2142,6 +889,77 @@ agents:
         ] {
             assert!(e.contains(want), "missing {want:?} in\n{e}");
         }
+    }
+
+    #[test]
+    fn tool_and_mcp_server_errors_name_the_section_and_field_written() {
+        let yaml = format!(
+            "{GOOD}tools:
+  weather:
+    base_url: \"ftp://tools.example/weather\"
+    auth: {{ bearer_env: UNSET }}
+    timeouts: {{ read_ms: 0 }}
+    breaker: {{ open_ms: 0 }}
+  orders:
+    base_url: \"http://tools.example/orders\"
+    auth: {{ header: x-key, value_env: UNSET }}
+mcp_servers:
+  files:
+    url: \"ftp://mcp.example/mcp\"
+    auth: {{ bearer_env: UNSET }}
+    timeouts: {{ connect_ms: 0 }}
+    breaker: {{ failure_rate: 2.0 }}
+  docs:
+    url: \"http://mcp.example/mcp\"
+    auth: {{ bearer_env: \"\" }}
+"
+        );
+        let e = build_str(&yaml).unwrap_err().join("\n");
+        for want in [
+            "t.yaml: tools.weather.base_url: must start with http:// or https://",
+            "t.yaml: tools.weather.auth.bearer_env: environment variable UNSET is not set",
+            "t.yaml: tools.weather.timeouts.read_ms: must be between",
+            "t.yaml: tools.weather.breaker.open_ms: must be at least 1",
+            "t.yaml: tools.orders.auth.value_env: environment variable UNSET",
+            "t.yaml: mcp_servers.files.url: must start with http:// or https://",
+            "t.yaml: mcp_servers.files.auth.bearer_env: environment variable UNSET is not set",
+            "t.yaml: mcp_servers.files.timeouts.connect_ms: must be between",
+            "t.yaml: mcp_servers.files.breaker.failure_rate: must be a share in (0, 1]",
+            "t.yaml: mcp_servers.docs.auth.bearer_env: must name an environment variable",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in\n{e}");
+        }
+        for wrong in ["tools.files", "tools.docs", "api_key_env"] {
+            assert!(!e.contains(wrong), "{wrong:?} in\n{e}");
+        }
+        assert!(!e.contains("mcp_servers.files.base_url"), "{e}");
+    }
+
+    #[test]
+    fn an_mcp_server_is_its_own_upstream_with_one_attempt() {
+        let yaml = format!(
+            "{GOOD}mcp_servers:
+  files:
+    url: \"http://127.0.0.1:9000/v1/mcp?x=1\"
+    auth: {{ header: x-key, value_env: SET }}
+    fail_mode: open
+    writes: [\"write_*\"]
+"
+        );
+        let c = build_str(&yaml).unwrap();
+        let m = &c.mcp_servers["files"];
+        assert_eq!(m.name, "files");
+        assert_eq!(m.path, "/v1/mcp?x=1");
+        assert!(m.fail_open);
+        assert_eq!(m.route.max_attempts, 1);
+        assert_eq!(m.route.targets.len(), 1);
+        let p = &m.route.targets[0].provider;
+        assert_eq!(
+            (&*p.name, p.port, p.base_path.as_str()),
+            ("files", 9000, "")
+        );
+        assert_eq!(p.custom_auth.as_ref().unwrap().0, "x-key");
+        assert!(c.upstreams().any(|u| Arc::ptr_eq(u, p)));
     }
 
     #[test]

@@ -114,7 +114,7 @@ pub async fn judge(
         .never_retryable()
         .into());
     };
-    audit.server_label = Some(Arc::from(server.tool.name.as_str()));
+    audit.server_label = Some(Arc::from(server.name.as_str()));
     // No grant: a refusal the agent cannot mistake for an empty server.
     let Some(access) = cfg.mcp_access[caller.agent_idx].get(name).cloned() else {
         return Err(Deny::new(
@@ -145,7 +145,7 @@ pub async fn judge(
         Some(q) => format!("{}?{q}", server.path),
         None => server.path.clone(),
     };
-    let mut fail = FailMode::new(server.tool.fail_open);
+    let mut fail = FailMode::new(server.fail_open);
     // A session belongs to the agent that opened it.
     if let Some(sid) = &session_id {
         let owner = env
@@ -231,7 +231,7 @@ pub async fn judge(
     let watched = call.tool.is_some();
     Ok(Judgement::Forward(Box::new(Judged {
         route_name: Arc::from(name),
-        route: server.tool.route.clone(),
+        route: server.route.clone(),
         body,
         body_read: method == http::Method::POST,
         body_rewritten: false,

@@ -1,0 +1,75 @@
+//! The listener (`listen:`): its address and connection limits.
+
+use super::runtime::Errs;
+use super::spec;
+use crate::connections::ConnectionLimits;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+pub(super) fn build_connections(
+    errs: &mut Errs,
+    spec: Option<&spec::ConnectionsSpec>,
+) -> ConnectionLimits {
+    let d = ConnectionLimits::default();
+    let Some(c) = spec else { return d };
+    let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| match v {
+        Some(0) => {
+            errs.push(format!("listen.connections.{field}"), "must be at least 1");
+            default
+        }
+        Some(v) => v,
+        None => default,
+    };
+    let ms = |d: Duration| d.as_millis() as u64;
+    let mut trusted = Vec::new();
+    for (i, t) in c.trusted.iter().flatten().enumerate() {
+        let net = t
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| t.parse::<IpAddr>().map(ipnet::IpNet::from));
+        match net {
+            Ok(n) => trusted.push(n),
+            Err(_) => errs.push(
+                format!("listen.connections.trusted[{i}]"),
+                format!("`{t}` is not an IP address or CIDR range (e.g. 10.0.0.0/8)"),
+            ),
+        }
+    }
+    ConnectionLimits {
+        slow_per_client: positive(
+            errs,
+            "slow_per_client",
+            c.slow_per_client.map(|v| v as u64),
+            d.slow_per_client as u64,
+        ) as usize,
+        max: c
+            .max
+            .map(|v| positive(errs, "max", Some(v as u64), 1) as usize),
+        header_timeout: Duration::from_millis(positive(
+            errs,
+            "header_timeout_ms",
+            c.header_timeout_ms,
+            ms(d.header_timeout),
+        )),
+        idle_timeout: Duration::from_millis(positive(
+            errs,
+            "idle_timeout_ms",
+            c.idle_timeout_ms,
+            ms(d.idle_timeout),
+        )),
+        reserve_fds: c.reserve_fds.unwrap_or(d.reserve_fds),
+        trusted,
+    }
+}
+
+pub(super) fn parse_addr(errs: &mut Errs, path: &str, s: &str) -> Option<SocketAddr> {
+    match s.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.push(
+                path,
+                format!("`{s}` is not an IP:port address (e.g. 127.0.0.1:8080)"),
+            );
+            None
+        }
+    }
+}
