@@ -120,24 +120,21 @@ print(sorted(codes.items()), flush=True)
     }
 }
 
-/// Slowloris: connections that never finish their headers, from one
-/// address, take at most that address's share once they are slow; the
-/// rest are answered 503 and counted; everyone else is served.
-#[test]
-fn connections_that_never_finish_their_headers_take_only_their_clients_share() {
-    let mock = Mock::start();
-    let gw = Gateway::start(&config_with(&mock, "{ slow_per_client: 100 }"));
+/// Opens `n` connections from `ip` that send half a request header and
+/// hold it, waits `secs`, and counts those answered 503 meanwhile. The
+/// connections stay open until the returned child's stdin closes.
+fn hold_half_headers(gw: &Gateway, ip: &str, n: usize, secs: f64) -> (Child, usize) {
     let script = format!(
         r#"
 import socket, sys, time
 held, refused = [], 0
-for i in range(150):
+for i in range({n}):
     s = socket.socket()
-    s.bind(("127.0.0.2", 0))
+    s.bind(("{ip}", 0))
     s.connect(("127.0.0.1", {port}))
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
     held.append(s)
-time.sleep(3.0)
+time.sleep({secs})
 for s in held:
     s.setblocking(False)
     try:
@@ -151,7 +148,19 @@ sys.stdin.read()
         port = gw.addr.port()
     );
     let (child, line) = python(&script);
-    assert_eq!(line, "50", "150 slow, 100 kept: the rest answered 503");
+    let refused = line.parse().unwrap_or_else(|_| panic!("no count: {line:?}"));
+    (child, refused)
+}
+
+/// Slowloris: connections that never finish their headers, from one
+/// address, take at most that address's share once they are slow; the
+/// rest are answered 503 and counted; everyone else is served.
+#[test]
+fn connections_that_never_finish_their_headers_take_only_their_clients_share() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config_with(&mock, "{ slow_per_client: 100 }"));
+    let (child, refused) = hold_half_headers(&gw, "127.0.0.2", 150, 3.0);
+    assert_eq!(refused, 50, "150 slow, 100 kept: the rest answered 503");
     assert_eq!(
         gw.metric("loopgate_connections_refused_total{reason=\"client_share\"}"),
         50.0
@@ -172,35 +181,10 @@ fn a_trusted_address_is_exempt_from_the_slow_share() {
         &mock,
         "{ slow_per_client: 3, trusted: [127.0.0.2/32] }",
     ));
-    let script = |ip: &str| {
-        format!(
-            r#"
-import socket, sys, time
-held, refused = [], 0
-for i in range(6):
-    s = socket.socket()
-    s.bind(("{ip}", 0))
-    s.connect(("127.0.0.1", {port}))
-    s.sendall(b"GET /v1/models HTTP/1.1\r\n")
-    held.append(s)
-time.sleep(2.5)
-for s in held:
-    s.setblocking(False)
-    try:
-        if s.recv(4096).startswith(b"HTTP/1.1 503"):
-            refused += 1
-    except BlockingIOError:
-        pass
-print(refused, flush=True)
-sys.stdin.read()
-"#,
-            port = gw.addr.port()
-        )
-    };
-    let (trusted, line) = python(&script("127.0.0.2"));
-    assert_eq!(line, "0", "the trusted proxy keeps all six");
-    let (other, line) = python(&script("127.0.0.4"));
-    assert_eq!(line, "3", "another address keeps three");
+    let (trusted, refused) = hold_half_headers(&gw, "127.0.0.2", 6, 2.5);
+    assert_eq!(refused, 0, "the trusted proxy keeps all six");
+    let (other, refused) = hold_half_headers(&gw, "127.0.0.4", 6, 2.5);
+    assert_eq!(refused, 3, "another address keeps three");
     done(trusted);
     done(other);
 }
@@ -214,23 +198,8 @@ fn a_full_listener_reclaims_waiting_connections_before_it_refuses() {
     let gw = Gateway::start(&config_with(&mock, "{ max: 40, slow_per_client: 1000 }"));
     // 60 half-sent headers from one address at once: the listener holds
     // 40; the other 20 find nothing waiting long enough to reclaim yet.
-    let script = format!(
-        r#"
-import socket, sys, time
-held = []
-for i in range(60):
-    s = socket.socket()
-    s.bind(("127.0.0.2", 0))
-    s.connect(("127.0.0.1", {port}))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
-    held.append(s)
-time.sleep(1.5)
-print("held", flush=True)
-sys.stdin.read()
-"#,
-        port = gw.addr.port()
-    );
-    let (child, _) = python(&script);
+    let (child, refused) = hold_half_headers(&gw, "127.0.0.2", 60, 1.5);
+    assert_eq!(refused, 20);
     assert_eq!(
         gw.metric("loopgate_connections_refused_total{reason=\"capacity\"}"),
         20.0
