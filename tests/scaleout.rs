@@ -1,6 +1,7 @@
 //! Several gateway instances sharing one Redis: limits, budgets and
 //! in-flight slots are exact across replicas, an open breaker is shared,
-//! and losing Redis never lets a request through by accident.
+//! a task's loop ring and watchdog count are fleet-wide, and losing Redis
+//! never lets a request through by accident.
 
 use loopgate_tests::*;
 use std::process::Command;
@@ -9,6 +10,7 @@ use std::thread;
 const RPM_KEY: &str = "scale-rpm-key-0001";
 const BUDGET_KEY: &str = "scale-budget-key-0002";
 const SLOTS_KEY: &str = "scale-slots-key-0003";
+const WATCHED_KEY: &str = "scale-watched-key-0004";
 const CHAT: &str =
     r#"{"model":"gpt-4o-mini","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
 
@@ -73,12 +75,18 @@ agents:
     key_sha256: "{slots}"
     models: [gpt-4o-mini]
     max_in_flight: 4
+  watched:
+    key_sha256: "{watched}"
+    models: [gpt-4o-mini]
+    loop_guard: {{ enabled: false }}
+    watchdog: {{ yellow: {{ steps: 2 }}, red: {{ steps: 4 }}, action: stop }}
 "#,
         url = redis.url(),
         mock = mock.url(),
         rpm = sha256_hex(RPM_KEY.as_bytes()),
         budget = sha256_hex(BUDGET_KEY.as_bytes()),
         slots = sha256_hex(SLOTS_KEY.as_bytes()),
+        watched = sha256_hex(WATCHED_KEY.as_bytes()),
     )
 }
 
@@ -388,6 +396,31 @@ fn a_task_looping_across_instances_is_caught() {
     // Another task is not affected.
     let other = ["-H", "x-agent-task-id: task-spread-2"];
     assert_eq!(chat(&gws[0], BUDGET_KEY, &other).status, 200);
+}
+
+#[test]
+fn the_watchdog_counts_a_tasks_steps_across_instances() {
+    let mock = Mock::start();
+    let redis = Redis::start();
+    let gws = three(&mock, &redis, "");
+    // One task, each step through another instance: each instance sees at
+    // most two steps, the shared record all four.
+    let task = ["-H", "x-agent-task-id: task-watched-1"];
+    let guard = |r: &Resp| r.header("x-loopgate-guard").map(str::to_string);
+    let r = chat(&gws[0], WATCHED_KEY, &task);
+    assert_eq!((r.status, guard(&r)), (200, None));
+    let r = chat(&gws[1], WATCHED_KEY, &task);
+    assert_eq!((r.status, guard(&r).as_deref()), (200, Some("warn")));
+    let r = chat(&gws[2], WATCHED_KEY, &task);
+    assert_eq!((r.status, guard(&r).as_deref()), (200, Some("warn")));
+    let before = received(&mock);
+    let r = chat(&gws[0], WATCHED_KEY, &task);
+    r.assert_gateway_error(429, "task_stopped");
+    assert_eq!(received(&mock), before, "the stopped call was not sent");
+    chat(&gws[1], WATCHED_KEY, &task).assert_gateway_error(429, "task_stopped");
+    // Another task is not affected.
+    let other = ["-H", "x-agent-task-id: task-watched-2"];
+    assert_eq!(chat(&gws[2], WATCHED_KEY, &other).status, 200);
 }
 
 #[test]

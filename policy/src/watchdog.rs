@@ -65,7 +65,7 @@ const SLOTS: usize = WINDOW_SECS as usize + 1;
 /// call counts for more than 60 s and at most 61 s: never less than an
 /// exact sliding minute (fail closed), at most one second more. A counter
 /// saturates at 65,535 calls in one second.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct Window {
     counts: [u16; SLOTS],
     /// The latest second counted.
@@ -112,17 +112,122 @@ impl Window {
     }
 }
 
-/// One watched task: 200 bytes (the test `per_task_memory_is_bounded`
-/// prints it); with the map's own share (the key's bytes plus about 64,
-/// see [`loopgate_bounded`]) about 300 bytes a task, some 30 MB at the
-/// default 100,000 tasks of an agent.
-#[derive(Debug, Default)]
-struct Task {
+/// One watched task: 200 bytes in memory (the test
+/// `per_task_memory_is_bounded` prints it), [`TaskState::ENCODED_LEN`]
+/// encoded; with the map's own share (the key's bytes plus about 64, see
+/// [`loopgate_bounded`]) about 300 bytes a task, some 30 MB at the default
+/// 100,000 tasks of an agent. The gateway keeps it in its state store
+/// (encoded, so replicas sharing a store count a task together); the
+/// [`Watchdog`] below keeps it in this process.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TaskState {
     calls: Window,
     steps: u64,
     ema_ms: Option<f64>,
     budget_used: Option<f64>,
     last_seen: Duration,
+}
+
+impl TaskState {
+    /// Bytes of [`TaskState::encode`]'s output.
+    pub const ENCODED_LEN: usize = 2 * SLOTS + 8 + 4 + 8 + 8 + 8 + 8;
+
+    /// Counts one call at `now` and judges it. `used`: the share of the
+    /// task budget used as of this admission, recorded first for a task
+    /// already watched (a new or idle task starts without it).
+    pub fn step(&mut self, cfg: &WatchdogConfig, now: Duration, used: Option<f64>) -> Reading {
+        let idle = now.saturating_sub(self.last_seen) >= cfg.idle_ttl;
+        if self.steps > 0 && idle {
+            *self = TaskState::default();
+        } else if let (true, Some(u)) = (self.steps > 0, used) {
+            self.budget_used = Some(u);
+        }
+        self.last_seen = now;
+        let calls = self.calls.add(now);
+        self.steps += 1;
+        let (red, yellow) = (
+            reached(&cfg.red, calls, self.steps, self.ema_ms, self.budget_used),
+            reached(
+                &cfg.yellow,
+                calls,
+                self.steps,
+                self.ema_ms,
+                self.budget_used,
+            ),
+        );
+        let (level, reason) = match (red, yellow) {
+            (Some(r), _) => (Level::Red, Some(r)),
+            (None, Some(y)) => (Level::Yellow, Some(y)),
+            (None, None) => (Level::Green, None),
+        };
+        Reading {
+            level,
+            calls_last_minute: calls,
+            steps: self.steps,
+            latency_ema_ms: self.ema_ms,
+            budget_used: self.budget_used,
+            reason,
+        }
+    }
+
+    /// Records a finished call's latency into the EMA.
+    pub fn latency(&mut self, latency: Duration) {
+        let ms = latency.as_secs_f64() * 1000.0;
+        self.ema_ms = Some(self.ema_ms.map_or(ms, |e| e + ALPHA * (ms - e)));
+    }
+
+    /// Records the share of the task budget used.
+    pub fn budget_used(&mut self, used: f64) {
+        self.budget_used = Some(used);
+    }
+
+    /// Fixed little-endian layout: the 61 per-second counters (u16), the
+    /// window's head second (u64) and total (u32), steps (u64), the
+    /// latency EMA and budget share (f64 bits, NaN for none), last-seen
+    /// (u64 ns).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::ENCODED_LEN);
+        for c in &self.calls.counts {
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+        out.extend_from_slice(&self.calls.head.to_le_bytes());
+        out.extend_from_slice(&self.calls.total.to_le_bytes());
+        out.extend_from_slice(&self.steps.to_le_bytes());
+        for v in [self.ema_ms, self.budget_used] {
+            out.extend_from_slice(&v.unwrap_or(f64::NAN).to_bits().to_le_bytes());
+        }
+        out.extend_from_slice(&(self.last_seen.as_nanos() as u64).to_le_bytes());
+        out
+    }
+
+    /// `None` for bytes that are not an encoded state.
+    pub fn decode(b: &[u8]) -> Option<TaskState> {
+        if b.len() != Self::ENCODED_LEN {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let f64_at = |i: usize| Some(f64::from_bits(u64_at(i))).filter(|v| !v.is_nan());
+        let mut counts = [0u16; SLOTS];
+        for (c, x) in counts.iter_mut().zip(b.chunks_exact(2)) {
+            *c = u16::from_le_bytes([x[0], x[1]]);
+        }
+        let at = 2 * SLOTS;
+        let total = u32::from_le_bytes(b[at + 8..at + 12].try_into().expect("4 bytes"));
+        if total != counts.iter().map(|c| u32::from(*c)).sum::<u32>() {
+            return None;
+        }
+        Some(TaskState {
+            calls: Window {
+                counts,
+                head: u64_at(at),
+                total,
+            },
+            steps: u64_at(at + 12),
+            ema_ms: f64_at(at + 20),
+            budget_used: f64_at(at + 28),
+            last_seen: Duration::from_nanos(u64_at(at + 36)),
+        })
+    }
 }
 
 /// Per-task state, bounded per agent: at most `capacity` tasks of each
@@ -133,7 +238,7 @@ struct Task {
 /// not wait for each other.
 #[derive(Debug)]
 pub struct Watchdog {
-    tasks: Partitioned<Task>,
+    tasks: Partitioned<TaskState>,
 }
 
 impl Default for Watchdog {
@@ -208,32 +313,9 @@ impl Watchdog {
     ) -> Result<Reading, StoreError> {
         let owner = self.tasks.of(key).map_err(|_| poisoned())?;
         let mut tasks = owner.shard(key).map_err(|_| poisoned())?;
-        let idle = |t: &Task| now.saturating_sub(t.last_seen) >= cfg.idle_ttl;
+        let idle = |t: &TaskState| now.saturating_sub(t.last_seen) >= cfg.idle_ttl;
         tasks.expire(idle);
-        let t = tasks.touch(key, Task::default);
-        if t.steps > 0 && idle(t) {
-            *t = Task::default();
-        }
-        t.last_seen = now;
-        let calls = t.calls.add(now);
-        t.steps += 1;
-        let (red, yellow) = (
-            reached(&cfg.red, calls, t.steps, t.ema_ms, t.budget_used),
-            reached(&cfg.yellow, calls, t.steps, t.ema_ms, t.budget_used),
-        );
-        let (level, reason) = match (red, yellow) {
-            (Some(r), _) => (Level::Red, Some(r)),
-            (None, Some(y)) => (Level::Yellow, Some(y)),
-            (None, None) => (Level::Green, None),
-        };
-        Ok(Reading {
-            level,
-            calls_last_minute: calls,
-            steps: t.steps,
-            latency_ema_ms: t.ema_ms,
-            budget_used: t.budget_used,
-            reason,
-        })
+        Ok(tasks.touch(key, TaskState::default).step(cfg, now, None))
     }
 
     /// Records a finished call's latency into the task's EMA.
@@ -243,8 +325,7 @@ impl Watchdog {
         };
         if let Ok(mut tasks) = owner.shard(key) {
             if let Some(t) = tasks.peek_mut(key) {
-                let ms = latency.as_secs_f64() * 1000.0;
-                t.ema_ms = Some(t.ema_ms.map_or(ms, |e| e + ALPHA * (ms - e)));
+                t.latency(latency);
             }
         };
     }
@@ -256,7 +337,7 @@ impl Watchdog {
         };
         if let Ok(mut tasks) = owner.shard(key) {
             if let Some(t) = tasks.peek_mut(key) {
-                t.budget_used = Some(used);
+                t.budget_used(used);
             }
         };
     }
@@ -469,13 +550,66 @@ mod tests {
 
     #[test]
     fn per_task_memory_is_bounded() {
-        let (task, window) = (std::mem::size_of::<Task>(), std::mem::size_of::<Window>());
-        println!("watchdog: Task {task} bytes, of which the calls window {window}");
-        assert!(task <= 200, "Task grew to {task} bytes: update the doc");
+        let (task, window) = (
+            std::mem::size_of::<TaskState>(),
+            std::mem::size_of::<Window>(),
+        );
+        println!("watchdog: TaskState {task} bytes, of which the calls window {window}");
+        assert!(
+            task <= 200,
+            "TaskState grew to {task} bytes: update the doc"
+        );
         assert!(
             window <= 136,
             "Window grew to {window} bytes: update the doc"
         );
+    }
+
+    #[test]
+    fn an_encoded_task_judges_as_the_one_it_came_from() {
+        let (mut kept, mut moved) = (TaskState::default(), TaskState::default());
+        for i in 0..30u32 {
+            let now = Duration::from_millis(700 * u64::from(i));
+            let used = Some(f64::from(i) / 40.0);
+            let a = kept.step(&cfg(), now, used);
+            let mut t = TaskState::decode(&moved.encode()).unwrap();
+            let b = t.step(&cfg(), now, used);
+            assert_eq!(a, b, "call {i}");
+            if i % 3 == 0 {
+                kept.latency(Duration::from_millis(40 * u64::from(i)));
+                t.latency(Duration::from_millis(40 * u64::from(i)));
+            }
+            moved = t;
+        }
+        assert_eq!(TaskState::decode(&moved.encode()), Some(kept.clone()));
+        assert_eq!(kept.encode().len(), TaskState::ENCODED_LEN);
+        assert_eq!(
+            TaskState::decode(&TaskState::default().encode()),
+            Some(TaskState::default())
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_not_a_task_decode_to_none() {
+        let good = TaskState::default().encode();
+        assert_eq!(TaskState::decode(&good[1..]), None);
+        assert_eq!(TaskState::decode(&[good.clone(), vec![0]].concat()), None);
+        let mut total_off = good;
+        total_off[2 * SLOTS + 8] = 1;
+        assert_eq!(TaskState::decode(&total_off), None, "total is not the sum");
+    }
+
+    #[test]
+    fn the_budget_share_counts_from_a_watched_tasks_next_call() {
+        let mut t = TaskState::default();
+        let r = t.step(&cfg(), S, Some(0.95));
+        assert_eq!((r.level, r.budget_used), (Level::Green, None), "a new task");
+        let r = t.step(&cfg(), 2 * S, Some(0.95));
+        assert_eq!(r.level, Level::Red);
+        assert_eq!(r.budget_used, Some(0.95));
+        // Idle past the ttl: it starts over, without the share.
+        let r = t.step(&cfg(), 4000 * S, Some(0.95));
+        assert_eq!((r.level, r.steps, r.budget_used), (Level::Green, 1, None));
     }
 
     #[test]

@@ -210,6 +210,7 @@ pub async fn admit(
             route: j.route,
             would_deny: verdict.would_deny.map(|d| d.code),
             task_key: caller.task_key(),
+            watch_ttl: cfg.guards[agent_idx].watchdog.as_ref().map(|w| w.idle_ttl),
             guard,
             fail_open,
             forward_headers: cfg.forward_headers[agent_idx].clone(),
@@ -280,9 +281,6 @@ async fn task_guards(
     };
     let rules = caller.rules();
     let agent_guards = &caller.cfg.guards[caller.agent_idx];
-    if let Some(used) = budget_used {
-        env.watchdog.budget_used(&key, used);
-    }
     if let (Some(loops), Some((what, value))) = (&agent_guards.loops, &j.loop_call) {
         let deny = guards::check_loop(env, rules, agent_guards, loops, &key, what, value).await;
         if let Some(deny) = fail.tolerate(deny)? {
@@ -291,7 +289,7 @@ async fn task_guards(
     }
     let mut guard = None;
     if let (Some(wd), true) = (&agent_guards.watchdog, j.watched) {
-        match fail.tolerate(guards::watch(env, rules, wd, &key))? {
+        match fail.tolerate(guards::watch(env, rules, wd, &key, budget_used).await)? {
             None | Some(Watch::Green) => {}
             Some(Watch::Warn) => guard = Some("warn"),
             Some(Watch::Stop(deny)) => verdict.judge_external(rules, Some(deny))?,

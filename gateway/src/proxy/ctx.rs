@@ -28,6 +28,9 @@ pub struct Admission {
     pub would_deny: Option<DenyCode>,
     /// `agent/task` when the request named a task.
     pub task_key: Option<String>,
+    /// The agent's watchdog keeps task state this long: each finished
+    /// call of a watched task feeds its latency EMA.
+    pub watch_ttl: Option<Duration>,
     /// `x-loopgate-guard`: `warn` (watchdog yellow) or `degraded`.
     pub guard: Option<&'static str>,
     /// Forwarded under `fail_mode: open` although the gateway could not

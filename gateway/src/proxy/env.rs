@@ -5,13 +5,12 @@
 
 use crate::metrics::Metrics;
 use loopgate_breaker::{BreakerSet, FailureStreaks};
-use loopgate_policy::{Clock, StateStore, Watchdog};
+use loopgate_policy::{Clock, StateStore};
 
 pub struct Env<'a> {
     pub store: &'a dyn StateStore,
     pub clock: &'a dyn Clock,
     pub metrics: &'a Metrics,
     pub streaks: &'a FailureStreaks,
-    pub watchdog: &'a Watchdog,
     pub breakers: &'a BreakerSet,
 }

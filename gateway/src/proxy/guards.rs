@@ -1,5 +1,7 @@
 //! Agent guards at admission: the loop guard (with its snapshot files) and
-//! the task watchdog. They deny with their own codes (`loop_detected`,
+//! the task watchdog, each keeping a task's state as a record in the state
+//! store (`loop:<agent>/<task>`, `watch:<agent>/<task>`), so replicas
+//! sharing a store judge a task together. They deny with their own codes (`loop_detected`,
 //! `task_stopped`), never with anything that looks like an upstream
 //! timeout, so agents do not retry into them.
 
@@ -8,8 +10,9 @@ use crate::access_log::rfc3339_millis;
 use crate::config::runtime::Guards;
 use crate::error::GatewayError;
 use loopgate_breaker::{fingerprint, LoopConfig, LoopVerdict, TaskState, Trip};
+use loopgate_policy::watchdog::TaskState as WatchState;
 use loopgate_policy::{AgentRules, Deny, DenyCode, Level, RedAction, WatchdogConfig};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Judges the task's next call for loops: `what` names the endpoint, tool
 /// or MCP tool, `value` is the call reduced to its meaningful parts (a
@@ -71,37 +74,57 @@ pub async fn check_loop(
     })
 }
 
-/// Runs the task's loop state one step in the state store: read, judge
-/// (the pure [`TaskState::step`]), write back if nobody else wrote since
-/// (a request of the same task on another replica); else read again.
+/// Runs the task's loop state one step in the state store (the pure
+/// [`TaskState::step`]).
 async fn loop_step(
     env: &Env<'_>,
     task_key: &str,
     fp: loopgate_breaker::Fingerprint,
     cfg: &LoopConfig,
 ) -> Result<LoopVerdict, GatewayError> {
+    // Kept while the task may come back, and at least through a cool-down.
+    let ttl = cfg.idle_ttl.max(cfg.max_cooldown);
+    let step = |task: Option<TaskState>, now| {
+        let mut task = task.unwrap_or_default();
+        let verdict = task.step(fp, cfg, now);
+        (Some(task.encode()), verdict)
+    };
+    let key = format!("loop:{task_key}");
+    step_record(env, "loop", &key, ttl, TaskState::decode, step).await
+}
+
+/// Runs one step on a task's record in the state store: read, step (a
+/// pure function of the decoded state, `None` if there is none, and the
+/// time; it returns the new bytes, `None` to leave the record alone, and
+/// a verdict), write back if nobody else wrote since (a request of the
+/// same task on another replica); else read again. Bytes that do not
+/// decode count as no state. `what` names the state in errors.
+async fn step_record<T, V>(
+    env: &Env<'_>,
+    what: &str,
+    key: &str,
+    ttl: Duration,
+    decode: fn(&[u8]) -> Option<T>,
+    mut step: impl FnMut(Option<T>, Duration) -> (Option<Vec<u8>>, V),
+) -> Result<V, GatewayError> {
     let unavailable = |e: loopgate_policy::StoreError| {
         GatewayError::Denied(Deny::new(
             DenyCode::StateUnavailable,
-            format!("loop state unavailable: {}", e.0),
+            format!("{what} state unavailable: {}", e.0),
         ))
     };
-    let key = format!("loop:{task_key}");
-    // Kept while the task may come back, and at least through a cool-down.
-    let ttl = cfg.idle_ttl.max(cfg.max_cooldown);
     for _ in 0..8 {
         let now = env.clock.now();
-        let (version, mut task) = match env.store.record_get(now, &key).await {
-            Ok(Some((v, bytes))) => (Some(v), TaskState::decode(&bytes).unwrap_or_default()),
-            Ok(None) => (None, TaskState::default()),
+        let (version, state) = match env.store.record_get(now, key).await {
+            Ok(Some((v, bytes))) => (Some(v), decode(&bytes)),
+            Ok(None) => (None, None),
             Err(e) => return Err(unavailable(e)),
         };
-        let verdict = task.step(fp, cfg, now);
-        match env
-            .store
-            .record_swap(now, &key, version, task.encode(), ttl)
-            .await
-        {
+        let (bytes, verdict) = step(state, now);
+        let Some(bytes) = bytes else {
+            return Ok(verdict);
+        };
+        match env.store.record_swap(now, key, version, bytes, ttl).await {
             Ok(true) => return Ok(verdict),
             Ok(false) => continue, // another request of the task got there first
             Err(e) => return Err(unavailable(e)),
@@ -109,8 +132,30 @@ async fn loop_step(
     }
     Err(GatewayError::Denied(Deny::new(
         DenyCode::PolicyUnavailable,
-        "loop state kept changing under this request",
+        format!("{what} state kept changing under this request"),
     )))
+}
+
+/// The store key of a task's watchdog state.
+fn watch_key(task_key: &str) -> String {
+    format!("watch:{task_key}")
+}
+
+/// Records a finished call's latency into the task's EMA, if the task is
+/// watched (a task the watchdog never counted gets no record). Best
+/// effort: a store that cannot be reached loses the reading.
+pub async fn watch_latency(env: &Env<'_>, task_key: &str, ttl: Duration, took: Duration) {
+    let step = |task: Option<WatchState>, _| {
+        let bytes = task.map(|mut task| {
+            task.latency(took);
+            task.encode()
+        });
+        (bytes, ())
+    };
+    let key = watch_key(task_key);
+    if let Err(e) = step_record(env, "watchdog", &key, ttl, WatchState::decode, step).await {
+        log::debug!("task `{task_key}`: latency not recorded: {e}");
+    }
 }
 
 /// Writes the trip's evidence as JSON, off the proxy thread (trips are rare).
@@ -163,22 +208,30 @@ pub enum Watch {
     Degrade(String),
 }
 
-/// Counts the task's call and applies the watchdog's level.
-pub fn watch(
+/// Counts the task's call and applies the watchdog's level. `used`: the
+/// share of the task budget used as of this admission.
+pub async fn watch(
     env: &Env<'_>,
     rules: &AgentRules,
     cfg: &WatchdogConfig,
     task_key: &str,
+    used: Option<f64>,
 ) -> Result<Watch, GatewayError> {
-    let r = env
-        .watchdog
-        .call(task_key, cfg, env.clock.now())
-        .map_err(|_| {
-            GatewayError::Denied(Deny::new(
-                DenyCode::PolicyUnavailable,
-                "watchdog state unavailable",
-            ))
-        })?;
+    let step = |task: Option<WatchState>, now| {
+        let mut task = task.unwrap_or_default();
+        let reading = task.step(cfg, now, used);
+        (Some(task.encode()), reading)
+    };
+    let key = watch_key(task_key);
+    let r = step_record(
+        env,
+        "watchdog",
+        &key,
+        cfg.idle_ttl,
+        WatchState::decode,
+        step,
+    )
+    .await?;
     let reason = r.reason.unwrap_or_default();
     let level = |l: &str| env.metrics.guard.with_label_values(&[&rules.name, l]).inc();
     Ok(match (r.level, &cfg.action) {

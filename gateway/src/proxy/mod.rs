@@ -48,7 +48,7 @@ use env::Env;
 use features::End;
 use ids::RequestIds;
 use loopgate_breaker::{BreakerSet, FailureStreaks};
-use loopgate_policy::{Clock, StateStore, Watchdog};
+use loopgate_policy::{Clock, StateStore};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::Error;
@@ -67,7 +67,6 @@ pub struct Gateway {
     breakers: Arc<BreakerSet>,
     access_log: Arc<AccessLog>,
     /// Per-task guard state; like the store, it outlives reloads.
-    watchdog: Watchdog,
     streaks: FailureStreaks,
     /// Request bodies held while admission reads them (see `buffers`).
     bodies: Arc<buffers::BodyBuffers>,
@@ -95,7 +94,6 @@ impl Gateway {
             metrics,
             breakers,
             access_log,
-            watchdog: Watchdog::with_capacity(bounds.tasks_per_agent),
             streaks: FailureStreaks::with_capacity(bounds.tasks_per_agent),
             bodies: Arc::default(),
             test_fault: test_fault::TestFault::from_env(),
@@ -109,7 +107,6 @@ impl Gateway {
             clock: self.clock.as_ref(),
             metrics: &self.metrics,
             streaks: &self.streaks,
-            watchdog: &self.watchdog,
             breakers: &self.breakers,
         }
     }
