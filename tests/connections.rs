@@ -148,7 +148,9 @@ sys.stdin.read()
         port = gw.addr.port()
     );
     let (child, line) = python(&script);
-    let refused = line.parse().unwrap_or_else(|_| panic!("no count: {line:?}"));
+    let refused = line
+        .parse()
+        .unwrap_or_else(|_| panic!("no count: {line:?}"));
     (child, refused)
 }
 
