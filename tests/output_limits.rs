@@ -93,6 +93,20 @@ fn forwarded(mock: &Mock) -> Value {
     serde_json::from_str(text).expect("the forwarded body is JSON")
 }
 
+/// Sends `body` to `path` as the agent, requires a 200, and returns the
+/// output-limit fields the provider received.
+fn limits_sent(
+    gw: &Gateway,
+    mock: &Mock,
+    path: &str,
+    body: &Value,
+    extra: &[&str],
+) -> Vec<(&'static str, Value)> {
+    let r = post(gw, AGENT_KEY, path, body, extra);
+    assert_eq!(r.status, 200, "{}", r.text());
+    limits(&forwarded(mock))
+}
+
 /// The output-limit fields of a forwarded body, as (field, value) pairs.
 fn limits(body: &Value) -> Vec<(&'static str, Value)> {
     ["max_tokens", "max_completion_tokens", "max_output_tokens"]
@@ -126,37 +140,37 @@ fn a_reasoning_model_gets_its_field_and_a_limit_capped_at_its_maximum() {
         );
     }
     // A model that reads max_tokens gets max_tokens, capped too.
-    let r = post(
-        &gw,
-        AGENT_KEY,
-        "/v1/chat/completions",
-        &chat("gpt-4o-mini", json!({})),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(limits(&forwarded(&mock)), [("max_tokens", json!(16_384))]);
-    // Responses and Messages: their own fields, capped.
-    let r = post(
-        &gw,
-        AGENT_KEY,
-        "/v1/responses",
-        &json!({"model": "o4-mini", "input": "hi"}),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
-        limits(&forwarded(&mock)),
+        limits_sent(
+            &gw,
+            &mock,
+            "/v1/chat/completions",
+            &chat("gpt-4o-mini", json!({})),
+            &[]
+        ),
+        [("max_tokens", json!(16_384))]
+    );
+    // Responses and Messages: their own fields, capped.
+    assert_eq!(
+        limits_sent(
+            &gw,
+            &mock,
+            "/v1/responses",
+            &json!({"model": "o4-mini", "input": "hi"}),
+            &[]
+        ),
         [("max_output_tokens", json!(100_000))]
     );
-    let r = post(
-        &gw,
-        AGENT_KEY,
-        "/v1/messages",
-        &json!({"model": "claude-3-5-haiku-latest", "messages": [{"role": "user", "content": "hi"}]}),
-        &[],
+    assert_eq!(
+        limits_sent(
+            &gw,
+            &mock,
+            "/v1/messages",
+            &json!({"model": "claude-3-5-haiku-latest", "messages": [{"role": "user", "content": "hi"}]}),
+            &[]
+        ),
+        [("max_tokens", json!(8_192))]
     );
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(limits(&forwarded(&mock)), [("max_tokens", json!(8_192))]);
     // A large body (past Pingora's 64 KiB replay buffer) gets the same.
     let big = chat(
         "o3-mini",
@@ -173,29 +187,25 @@ fn a_reasoning_model_gets_its_field_and_a_limit_capped_at_its_maximum() {
 fn the_agents_own_limit_is_renamed_for_the_target_and_kept_for_the_model_it_named() {
     let (mock, gw) = start();
     // max_tokens to a reasoning model: sent as max_completion_tokens.
-    let r = post(
-        &gw,
-        AGENT_KEY,
-        "/v1/chat/completions",
-        &chat("o4-mini", json!({"max_tokens": 500})),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
-        limits(&forwarded(&mock)),
+        limits_sent(
+            &gw,
+            &mock,
+            "/v1/chat/completions",
+            &chat("o4-mini", json!({"max_tokens": 500})),
+            &[]
+        ),
         [("max_completion_tokens", json!(500))]
     );
     // A null in the wrong spelling goes too.
-    let r = post(
-        &gw,
-        AGENT_KEY,
-        "/v1/chat/completions",
-        &chat("o3-mini", json!({"max_tokens": null})),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
-        limits(&forwarded(&mock)),
+        limits_sent(
+            &gw,
+            &mock,
+            "/v1/chat/completions",
+            &chat("o3-mini", json!({"max_tokens": null})),
+            &[]
+        ),
         [("max_completion_tokens", json!(100_000))]
     );
     // Above the maximum of the model the agent named: forwarded as sent,
@@ -212,15 +222,16 @@ fn the_agents_own_limit_is_renamed_for_the_target_and_kept_for_the_model_it_name
     assert_eq!(r.json()["error"]["code"], "invalid_value");
     assert_eq!(limits(&forwarded(&mock)), [("max_tokens", json!(20_000))]);
     // ... unless the model's settings say to clamp (gpt-4o: clamp_requested).
-    let r = post(
-        &gw,
-        AGENT_KEY,
-        "/v1/chat/completions",
-        &chat("gpt-4o", json!({"max_completion_tokens": 20_000})),
-        &[],
+    assert_eq!(
+        limits_sent(
+            &gw,
+            &mock,
+            "/v1/chat/completions",
+            &chat("gpt-4o", json!({"max_completion_tokens": 20_000})),
+            &[]
+        ),
+        [("max_tokens", json!(16_384))]
     );
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(limits(&forwarded(&mock)), [("max_tokens", json!(16_384))]);
 }
 
 #[test]
