@@ -33,7 +33,7 @@ pub use super::routes::{Route, Routes};
 use super::state::build_state;
 pub use super::state::{RedisSettings, StateSettings, TaskBounds};
 use super::tools::build_tools;
-pub use super::tools::{Tool, ToolGrant};
+pub use super::tools::{Idempotency, Tool, ToolGrant};
 
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
 /// Bodies are held in memory while judged; refuse configs that would let one

@@ -16,6 +16,7 @@ use super::admit::{declared_length, read_body, Caller, FailMode, Judged, Judgeme
 use super::call::MCP_METHODS;
 use super::ctx::{McpPlan, Plan, RequestCtx};
 use super::env::Env;
+use super::features::mcp_session;
 use super::respond::RpcReply;
 use crate::config::runtime::{McpAccess, McpServer};
 use crate::error::GatewayError;
@@ -99,81 +100,21 @@ pub async fn judge(
     verdict: &mut Verdict,
 ) -> Result<Judgement, GatewayError> {
     let rules = caller.rules();
-    let cfg = caller.cfg;
     let method = session.req_header().method.clone();
     let audit = ctx.mcp_audit.insert(McpAudit {
         server: loopgate_policy::clip(name, 64).to_string(),
         method: method.as_str().to_string(),
         ..McpAudit::default()
     });
-    let Some(server) = cfg.mcp_servers.get(name) else {
-        return Err(Deny::new(
-            DenyCode::NotFound,
-            format!("no such MCP server: `{}`", loopgate_policy::clip(name, 100)),
-        )
-        .never_retryable()
-        .into());
-    };
-    audit.server_label = Some(Arc::from(server.name.as_str()));
-    // No grant: a refusal the agent cannot mistake for an empty server.
-    let Some(access) = cfg.mcp_access[caller.agent_idx].get(name).cloned() else {
-        return Err(Deny::new(
-            DenyCode::ToolNotAllowed,
-            format!("agent `{}` may not use MCP server `{name}`", rules.name),
-        )
-        .never_retryable()
-        .into());
-    };
-    let req = session.req_header();
-    let session_id = session_id_of(&req.headers)
-        .map_err(|why| Deny::new(DenyCode::InvalidRequest, why).never_retryable())?;
-    // Nothing judges a body on GET or DELETE, so none may travel: a server
-    // that reads one would act on what no rule saw.
-    let bodiless = matches!(method, http::Method::GET | http::Method::DELETE);
-    let has_body = declared_length(req)?.is_some_and(|n| n > 0)
-        || req.headers.contains_key(http::header::TRANSFER_ENCODING);
-    if bodiless && has_body {
-        session.set_keepalive(None);
-        return Err(Deny::new(
-            DenyCode::InvalidRequest,
-            format!("{method} on an MCP endpoint takes no body"),
-        )
-        .never_retryable()
-        .into());
-    }
-    let target = match req.uri.query() {
+    let (server, access) = granted(caller, name, audit)?;
+    let session_id = check_transport(session, &method)?;
+    let target = match session.req_header().uri.query() {
         Some(q) => format!("{}?{q}", server.path),
         None => server.path.clone(),
     };
     let mut fail = FailMode::new(server.fail_open);
-    // A session belongs to the agent that opened it.
     if let Some(sid) = &session_id {
-        let owner = env
-            .store
-            .record_get(env.clock.now(), &session_key(&rules.name, name, sid))
-            .await
-            .map_err(|e| Deny::new(DenyCode::StateUnavailable, e.to_string()).into());
-        match fail.tolerate(owner)? {
-            // Unreadable under `fail_mode: open`: not checked.
-            None => {}
-            Some(Some((_, agent))) if agent == rules.name.as_bytes() => {}
-            Some(Some(_)) => {
-                return Err(Deny::new(
-                    DenyCode::SessionNotOwned,
-                    "this MCP session belongs to another agent",
-                )
-                .never_retryable()
-                .into())
-            }
-            // Unknown (or expired) here: the client starts a new session.
-            Some(None) => {
-                return Err(
-                    Deny::new(DenyCode::NotFound, "unknown MCP session: initialize again")
-                        .never_retryable()
-                        .into(),
-                )
-            }
-        }
+        mcp_session::check_owner(env, &rules.name, name, sid, &mut fail).await?;
     }
     let (body, judgement) = match method {
         http::Method::POST => {
@@ -181,20 +122,16 @@ pub async fn judge(
             let judgement = judge_body(ctx, rules, &access, &body, verdict)?;
             (body, Some(judgement))
         }
-        http::Method::GET | http::Method::DELETE if session_id.is_none() => {
+        // GET and DELETE (`check_transport` let no other method through)
+        // act on a session.
+        _ if session_id.is_none() => {
             return Err(
                 Deny::new(DenyCode::InvalidRequest, "this needs an Mcp-Session-Id")
                     .never_retryable()
                     .into(),
             )
         }
-        http::Method::GET | http::Method::DELETE => (Bytes::new(), None),
-        _ => {
-            return Err(GatewayError::MethodNotAllowed {
-                allow: MCP_METHODS.into(),
-                message: "MCP endpoints take POST, GET and DELETE".into(),
-            })
-        }
+        _ => (Bytes::new(), None),
     };
     let mut call = McpCall {
         server: name.to_string(),
@@ -203,26 +140,10 @@ pub async fn judge(
         access: access.clone(),
         binds_session: false,
     };
-    let mut extra = Vec::new();
-    let mut loop_call = None;
+    let (mut extra, mut loop_call) = (Vec::new(), None);
     if let Some(j) = &judgement {
         extra = call_windows(name, server, &access, rules.name.as_ref(), j);
-        call.lists = j.messages.iter().filter_map(|m| m.list.clone()).collect();
-        call.binds_session = j.initializes();
-        if let Some((tool, args)) = j.calls().next() {
-            let mut args = args.clone();
-            mcp::strip_noise(&mut args, &server.noise_fields);
-            let audit = ctx.mcp_audit.get_or_insert_with(McpAudit::default);
-            audit.tool = Some(loopgate_policy::clip(tool, 128).to_string());
-            audit.tool_label = access.grant.tools.matching(tool).map(|p| p.as_config());
-            audit.args_sha256 = Some(hex::encode(sha2::Sha256::digest(args.to_string())));
-            call.tool = Some(tool.to_string());
-            // What makes two calls the same call, for the loop guard.
-            loop_call = Some((
-                format!("mcp:{name}:{tool}"),
-                serde_json::json!({ "tool": tool, "arguments": args }),
-            ));
-        }
+        loop_call = read_call(ctx, server, &access, j, &mut call);
     }
     if rules.is_dry_run(DenyCode::ToolNotAllowed) {
         // Dry-run shows what enforcement would hide: lists pass unfiltered.
@@ -247,6 +168,99 @@ pub async fn judge(
         idem_claim: None,
         plan: Plan::Mcp(McpPlan { target, call }),
     })))
+}
+
+/// The server and the agent's grant on it. No grant is a refusal the
+/// agent cannot mistake for an empty server.
+fn granted<'c>(
+    caller: &Caller<'c>,
+    name: &str,
+    audit: &mut McpAudit,
+) -> Result<(&'c McpServer, Arc<McpAccess>), GatewayError> {
+    let cfg = caller.cfg;
+    let Some(server) = cfg.mcp_servers.get(name) else {
+        return Err(Deny::new(
+            DenyCode::NotFound,
+            format!("no such MCP server: `{}`", loopgate_policy::clip(name, 100)),
+        )
+        .never_retryable()
+        .into());
+    };
+    audit.server_label = Some(Arc::from(server.name.as_str()));
+    let Some(access) = cfg.mcp_access[caller.agent_idx].get(name).cloned() else {
+        return Err(Deny::new(
+            DenyCode::ToolNotAllowed,
+            format!(
+                "agent `{}` may not use MCP server `{name}`",
+                caller.rules().name
+            ),
+        )
+        .never_retryable()
+        .into());
+    };
+    Ok((server, access))
+}
+
+/// The transport's rules: POST, GET or DELETE; at most one readable
+/// session id; no body on GET or DELETE. Returns the session id.
+fn check_transport(
+    session: &mut Session,
+    method: &http::Method,
+) -> Result<Option<String>, GatewayError> {
+    if !matches!(
+        *method,
+        http::Method::POST | http::Method::GET | http::Method::DELETE
+    ) {
+        return Err(GatewayError::MethodNotAllowed {
+            allow: MCP_METHODS.into(),
+            message: "MCP endpoints take POST, GET and DELETE".into(),
+        });
+    }
+    let req = session.req_header();
+    let session_id = session_id_of(&req.headers)
+        .map_err(|why| Deny::new(DenyCode::InvalidRequest, why).never_retryable())?;
+    // Nothing judges a body on GET or DELETE, so none may travel: a server
+    // that reads one would act on what no rule saw.
+    let bodiless = *method != http::Method::POST;
+    let has_body = declared_length(req)?.is_some_and(|n| n > 0)
+        || req.headers.contains_key(http::header::TRANSFER_ENCODING);
+    if bodiless && has_body {
+        session.set_keepalive(None);
+        return Err(Deny::new(
+            DenyCode::InvalidRequest,
+            format!("{method} on an MCP endpoint takes no body"),
+        )
+        .never_retryable()
+        .into());
+    }
+    Ok(session_id)
+}
+
+/// What the judged messages ask for: the lists to filter, a session to
+/// bind, and the first `tools/call` (audited by its arguments' digest,
+/// never the arguments). Returns the call as the loop guard sees it.
+fn read_call(
+    ctx: &mut RequestCtx,
+    server: &McpServer,
+    access: &McpAccess,
+    j: &mcp::Judgement,
+    call: &mut McpCall,
+) -> Option<(String, serde_json::Value)> {
+    call.lists = j.messages.iter().filter_map(|m| m.list.clone()).collect();
+    call.binds_session = j.initializes();
+    let (tool, args) = j.calls().next()?;
+    let mut args = args.clone();
+    mcp::strip_noise(&mut args, &server.noise_fields);
+    let audit = ctx.mcp_audit.get_or_insert_with(McpAudit::default);
+    audit.tool = Some(loopgate_policy::clip(tool, 128).to_string());
+    audit.tool_label = access.grant.tools.matching(tool).map(|p| p.as_config());
+    audit.args_sha256 = Some(hex::encode(sha2::Sha256::digest(args.to_string())));
+    call.tool = Some(tool.to_string());
+    // What makes two calls the same call, for the loop guard.
+    Some((
+        format!("mcp:{}:{tool}", call.server),
+        serde_json::json!({ "tool": tool, "arguments": args }),
+    ))
 }
 
 /// Judges a POST body against the grant (dry-run: a call outside it goes

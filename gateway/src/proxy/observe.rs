@@ -49,36 +49,74 @@ fn status_class(status: u16) -> &'static str {
     }
 }
 
+/// What the metrics and the log line both say about a request, read once.
+struct Summary<'a> {
+    elapsed: std::time::Duration,
+    status: u16,
+    agent: &'a str,
+    /// Who answered; else, where the request went (no answer came: the
+    /// agent left first, or the exchange broke).
+    provider: Option<&'a str>,
+    route: Option<&'a str>,
+    decision: &'static str,
+    /// Time not spent waiting on the upstream.
+    overhead: std::time::Duration,
+    /// The provider a fallback left, when another one answered.
+    fallback_from: Option<&'a str>,
+    usage: Option<loopgate_policy::Usage>,
+}
+
+impl<'a> Summary<'a> {
+    fn of(session: &Session, ctx: &'a RequestCtx) -> Summary<'a> {
+        let elapsed = ctx.started.elapsed();
+        let provider = ctx.served_by.as_deref().or(ctx.sent_to.as_deref());
+        let upstream = ctx.upstream_first_at.map(|t| {
+            ctx.upstream_done_at
+                .unwrap_or_else(Instant::now)
+                .saturating_duration_since(t)
+        });
+        Summary {
+            elapsed,
+            status: session.response_written().map_or(0, |r| r.status.as_u16()),
+            agent: ctx.agent.as_deref().unwrap_or("-"),
+            provider,
+            route: ctx.admitted.as_deref().map(|a| a.route_name.as_ref()),
+            decision: decision(ctx.error_code),
+            overhead: elapsed.saturating_sub(upstream.unwrap_or_default()),
+            fallback_from: ctx
+                .fallback
+                .from
+                .as_deref()
+                .filter(|f| Some(*f) != provider && provider.is_some()),
+            usage: ctx.usage(),
+        }
+    }
+}
+
 /// `now`: the state clock, read once for the whole `logging` hook.
 pub fn record(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, now: std::time::Duration) {
-    let m = &gw.metrics;
-    let elapsed = ctx.started.elapsed();
-    let status = session.response_written().map_or(0, |r| r.status.as_u16());
-    let adm = ctx.admitted.clone();
-    let agent = ctx.agent.as_deref().unwrap_or("-");
-    // Who answered; else, where the request went (no answer came: the
-    // agent left first, or the exchange broke).
-    let provider = ctx.served_by.as_deref().or(ctx.sent_to.as_deref());
-    let route = adm.as_ref().map(|a| a.route_name.as_ref());
-    let decision = decision(ctx.error_code);
-    let upstream = ctx.upstream_first_at.map(|t| {
-        ctx.upstream_done_at
-            .unwrap_or_else(Instant::now)
-            .saturating_duration_since(t)
-    });
-    let overhead = elapsed.saturating_sub(upstream.unwrap_or_default());
+    let sum = Summary::of(session, ctx);
+    count(&gw.metrics, ctx, &sum);
+    if gw.access_log.enabled() {
+        write_log(gw, session, ctx, &sum, now);
+    }
+}
 
+/// The request's metrics. Labels come from the config (agent, provider,
+/// route, MCP server and grant names) and fixed sets, never from what an
+/// agent sent.
+fn count(m: &crate::metrics::Metrics, ctx: &RequestCtx, sum: &Summary<'_>) {
+    let (agent, provider) = (sum.agent, sum.provider.unwrap_or("-"));
     m.requests
         .with_label_values(&[
             agent,
-            provider.unwrap_or("-"),
-            route.unwrap_or("-"),
-            status_class(status),
-            decision,
+            provider,
+            sum.route.unwrap_or("-"),
+            status_class(sum.status),
+            sum.decision,
         ])
         .inc();
     if let Some(a) = &ctx.mcp_audit {
-        // Labels come from the config: agents cannot grow the label set.
         let tool = match (&a.tool, &a.tool_label) {
             (Some(_), Some(label)) => label.as_str(),
             (Some(_), None) => "other",
@@ -86,29 +124,23 @@ pub fn record(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, now: st
         };
         let server = a.server_label.as_deref().unwrap_or("unknown");
         m.mcp_requests
-            .with_label_values(&[server, tool, decision])
+            .with_label_values(&[server, tool, sum.decision])
             .inc();
     }
     if let Some(code @ ("rate_limited" | "too_many_in_flight")) = ctx.error_code {
         m.limit_rejections.with_label_values(&[agent, code]).inc();
     }
     m.duration
-        .with_label_values(&[provider.unwrap_or("-")])
-        .observe(elapsed.as_secs_f64());
-    m.overhead.observe(overhead.as_secs_f64());
-    if let (Some(p), Some(t)) = (provider, ctx.ttfb) {
+        .with_label_values(&[provider])
+        .observe(sum.elapsed.as_secs_f64());
+    m.overhead.observe(sum.overhead.as_secs_f64());
+    if let (Some(p), Some(t)) = (sum.provider, ctx.ttfb) {
         m.ttfb.with_label_values(&[p]).observe(t.as_secs_f64());
     }
-    let fallback_from = ctx
-        .fallback
-        .from
-        .as_deref()
-        .filter(|f| Some(*f) != provider && provider.is_some());
-    if let (Some(from), Some(to)) = (fallback_from, provider) {
+    if let (Some(from), Some(to)) = (sum.fallback_from, sum.provider) {
         m.fallbacks.with_label_values(&[from, to]).inc();
     }
-    let usage = ctx.usage();
-    if let (Some(u), Some(route)) = (usage, route) {
+    if let (Some(u), Some(route)) = (sum.usage, sum.route) {
         m.tokens
             .with_label_values(&[agent, route, "prompt"])
             .inc_by(u.input_tokens);
@@ -116,10 +148,16 @@ pub fn record(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, now: st
             .with_label_values(&[agent, route, "completion"])
             .inc_by(u.output_tokens);
     }
+}
 
-    if !gw.access_log.enabled() {
-        return;
-    }
+/// The request's access-log line.
+fn write_log(
+    gw: &Gateway,
+    session: &Session,
+    ctx: &RequestCtx,
+    sum: &Summary<'_>,
+    now: std::time::Duration,
+) {
     let breaker_state = ctx.breaker_key.as_deref().and_then(|k| {
         gw.breakers
             .peek(k, now)
@@ -128,9 +166,11 @@ pub fn record(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, now: st
             .map(|(s, _, _)| s.as_str())
     });
     let req = session.req_header();
-    let model = adm.as_deref().and_then(|a| a.model());
+    let adm = ctx.admitted.as_deref();
+    let model = adm.and_then(|a| a.model());
+    let mcp = ctx.mcp_audit.as_ref();
     let record = Record {
-        time: timestamp(SystemTime::now() - elapsed),
+        time: timestamp(SystemTime::now() - sum.elapsed),
         request_id: &ctx.request_id,
         agent_id: ctx.agent.as_deref(),
         task_id: header(session, &super::admit::TASK_ID_HEADER),
@@ -147,32 +187,29 @@ pub fn record(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, now: st
             .filter(|m| !m.model.is_empty())
             .map(|m| clip(&m.model, MAX_ID)),
         stream: model.is_some_and(|m| m.stream),
-        provider,
+        provider: sum.provider,
         breaker_state,
-        decision,
+        decision: sum.decision,
         code: ctx.error_code,
-        would_deny: adm.as_ref().and_then(|a| a.would_deny).map(|c| c.as_str()),
+        would_deny: adm.and_then(|a| a.would_deny).map(|c| c.as_str()),
         upstream_status: ctx.upstream_status,
-        status,
-        latency_ms: (elapsed.as_secs_f64() * 1e6).round() / 1e3,
+        status: sum.status,
+        latency_ms: (sum.elapsed.as_secs_f64() * 1e6).round() / 1e3,
         ttfb_ms: ctx.ttfb.map(|t| (t.as_secs_f64() * 1e6).round() / 1e3),
-        overhead_us: overhead.as_micros() as u64,
+        overhead_us: sum.overhead.as_micros() as u64,
         bytes_in: ctx.bytes_in,
         bytes_out: session.as_downstream().body_bytes_sent(),
-        prompt_tokens: usage.map(|u| u.input_tokens),
-        completion_tokens: usage.map(|u| u.output_tokens),
+        prompt_tokens: sum.usage.map(|u| u.input_tokens),
+        completion_tokens: sum.usage.map(|u| u.output_tokens),
         attempts: ctx.fallback.attempts,
         idempotent_replay: ctx.replayed,
-        fallback_used: fallback_from.is_some(),
-        fallback_from,
-        fallback_to: fallback_from.and(provider),
-        mcp_server: ctx.mcp_audit.as_ref().map(|a| a.server.as_str()),
-        mcp_method: ctx.mcp_audit.as_ref().map(|a| a.method.as_str()),
-        mcp_tool: ctx.mcp_audit.as_ref().and_then(|a| a.tool.as_deref()),
-        mcp_args_sha256: ctx
-            .mcp_audit
-            .as_ref()
-            .and_then(|a| a.args_sha256.as_deref()),
+        fallback_used: sum.fallback_from.is_some(),
+        fallback_from: sum.fallback_from,
+        fallback_to: sum.fallback_from.and(sum.provider),
+        mcp_server: mcp.map(|a| a.server.as_str()),
+        mcp_method: mcp.map(|a| a.method.as_str()),
+        mcp_tool: mcp.and_then(|a| a.tool.as_deref()),
+        mcp_args_sha256: mcp.and_then(|a| a.args_sha256.as_deref()),
     };
     gw.access_log.write(&record);
 }

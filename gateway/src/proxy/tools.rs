@@ -6,14 +6,14 @@
 //! Bodies of any type are not read here: they stream through unchanged
 //! (a size limit is checked on `Content-Length`).
 
-use super::admit::{declared_length, read_body, Answer, Caller, FailMode, Judged, Judgement};
+use super::admit::{declared_length, Answer, Caller, FailMode, Judged, Judgement};
 use super::ctx::{Plan, RequestCtx, ToolPlan};
 use super::env::Env;
+use super::features::idempotency;
+use crate::config::runtime::{Tool, ToolGrant};
 use crate::error::GatewayError;
-use bytes::Bytes;
-use loopgate_policy::{Deny, DenyCode, IdemBegin, IdemOutcome};
+use loopgate_policy::{Deny, DenyCode};
 use pingora_proxy::Session;
-use sha2::Digest;
 use std::sync::Arc;
 
 /// Decodes `raw` and refuses anything that could leave the tool's path or
@@ -80,141 +80,29 @@ pub async fn judge(
     tool_name: &str,
     rest: &str,
 ) -> Result<Judgement, GatewayError> {
-    let rules = caller.rules();
-    let cfg = caller.cfg;
-    let tool = cfg.tools.get(tool_name).ok_or_else(|| {
-        Deny::new(
-            DenyCode::NotFound,
-            format!("no such tool: `{}`", clip(tool_name)),
-        )
-    })?;
-    let grant = cfg.tool_access[caller.agent_idx]
-        .get(tool_name)
-        .ok_or_else(|| {
-            Deny::new(
-                DenyCode::ToolNotAllowed,
-                format!("agent `{}` may not call tool `{tool_name}`", rules.name),
-            )
-        })?;
+    let (tool, grant) = granted(caller, tool_name)?;
+    let decoded = check_request(session, caller, grant, tool_name, rest)?;
     let req = session.req_header();
-    if !grant.methods.contains(&req.method) {
-        let allow: Vec<&str> = grant.methods.iter().map(http::Method::as_str).collect();
-        return Err(GatewayError::MethodNotAllowed {
-            allow: allow.join(", "),
-            message: format!(
-                "agent `{}` may not use {} on tool `{tool_name}`",
-                rules.name, req.method
-            ),
-        });
-    }
-    let decoded = normalize(rest)
-        .map_err(|why| Deny::new(DenyCode::InvalidPath, format!("invalid tool path: {why}")))?;
-    if !grant.paths.allows_path(&decoded) {
-        return Err(Deny::new(
-            DenyCode::PathNotAllowed,
-            format!(
-                "agent `{}` may not call `{}` on tool `{tool_name}`",
-                rules.name,
-                clip(&decoded)
-            ),
-        )
-        .into());
-    }
-    if let Some(limit) = grant.max_body_bytes {
-        let chunked = req.headers.contains_key(http::header::TRANSFER_ENCODING);
-        match declared_length(req)? {
-            Some(n) if n > limit => {
-                session.set_keepalive(None);
-                return Err(Deny::new(
-                    DenyCode::BodyTooLarge,
-                    format!("request body exceeds the limit of {limit} bytes"),
-                )
-                .into());
-            }
-            None if chunked => {
-                session.set_keepalive(None);
-                return Err(Deny::new(
-                    DenyCode::LengthRequired,
-                    "this tool has a body size limit: send Content-Length",
-                )
-                .into());
-            }
-            _ => {}
-        }
-    }
     let method = req.method.clone();
     let query = req.uri.query().map(str::to_string);
     let target = match &query {
         Some(q) => format!("{rest}?{q}"),
         None => rest.to_string(),
     };
-    let side_effecting = !matches!(
-        method,
-        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
-    );
-    let idem_key = req
-        .headers
-        .get("idempotency-key")
-        .map(|v| super::ids::RequestIds::accept(v.as_bytes()).map(str::to_string));
     let mut fail = FailMode::new(tool.fail_open);
-    let mut body = Bytes::new();
-    let mut claim = None;
-    let mut body_sha: Option<[u8; 32]> = None;
-    if let (Some(policy), true) = (&tool.idempotency, side_effecting) {
-        let key = match idem_key {
-            Some(None) => {
-                return Err(Deny::new(
-                    DenyCode::IdempotencyKeyRequired,
-                    "Idempotency-Key must be 1-128 characters of [A-Za-z0-9-_.:]",
-                )
-                .into())
-            }
-            None if policy.required => {
-                return Err(Deny::new(
-                    DenyCode::IdempotencyKeyRequired,
-                    format!("tool `{tool_name}` requires an Idempotency-Key for {method}"),
-                )
-                .into())
-            }
-            None => None,
-            Some(Some(key)) => Some(key),
-        };
-        if let Some(key) = key {
-            let limit = grant.max_body_bytes.unwrap_or(1024 * 1024);
-            body = read_body(session, limit, &mut ctx.intake).await?;
-            // The record is the whole request: a key reused for another
-            // method, path or query is a different request (422), never a
-            // replay of the first one's answer.
-            let mut h = sha2::Sha256::new();
-            for part in [method.as_str().as_bytes(), target.as_bytes()] {
-                h.update((part.len() as u64).to_be_bytes());
-                h.update(part);
-            }
-            h.update(&body);
-            let sha: [u8; 32] = h.finalize().into();
-            body_sha = Some(sha2::Sha256::digest(&body).into());
-            let record_key = format!("{}:idem:{tool_name}:{key}", rules.name);
-            let begin = env
-                .store
-                .idem_begin(
-                    env.clock.now(),
-                    &record_key,
-                    sha,
-                    policy.ttl,
-                    policy.retry_after_failure,
-                )
-                .await
-                .map_err(|e| Deny::new(DenyCode::StateUnavailable, e.to_string()).into());
-            // Unreadable under `fail_mode: open`: forwarded unprotected.
-            match fail.tolerate(begin)? {
-                None => {}
-                Some(IdemBegin::Fresh) => claim = Some((record_key, policy.max_record_bytes)),
-                Some(IdemBegin::Ended(IdemOutcome::Done(record))) => {
-                    return Ok(Judgement::Answer(Answer::Replay(record)))
-                }
-                Some(other) => return Err(refused_claim(other).into()),
-            }
-        }
+    let call = idempotency::Call {
+        agent: &caller.rules().name,
+        tool: tool_name,
+        method: &method,
+        target: &target,
+        body_limit: grant.max_body_bytes.unwrap_or(1024 * 1024),
+    };
+    let claim = match &tool.idempotency {
+        Some(policy) => idempotency::claim(session, ctx, env, policy, &call, &mut fail).await?,
+        None => idempotency::Claim::default(),
+    };
+    if let Some(record) = claim.replay {
+        return Ok(Judgement::Answer(Answer::Replay(record)));
     }
     // The task's loop guard sees tool calls too: the same tool, method,
     // path and body in a cycle is stopped like a model loop.
@@ -225,7 +113,7 @@ pub async fn judge(
                 "method": method.as_str(),
                 "path": decoded,
                 "query": query,
-                "body_sha256": body_sha.map(hex::encode),
+                "body_sha256": claim.body_sha.map(hex::encode),
             }),
         )
     });
@@ -241,8 +129,8 @@ pub async fn judge(
     Ok(Judgement::Forward(Box::new(Judged {
         route_name: Arc::from(tool.name.as_str()),
         route: tool.route.clone(),
-        body,
-        body_read: claim.is_some(),
+        body: claim.body,
+        body_read: claim.record.is_some(),
         body_rewritten: false,
         fail,
         estimated_prompt: 0,
@@ -252,42 +140,93 @@ pub async fn judge(
         loop_call,
         watched: true,
         isolation: isolation.clone(),
-        idem_claim: claim.as_ref().map(|(k, _)| k.clone()),
+        idem_claim: claim.record.as_ref().map(|(k, _)| k.clone()),
         plan: Plan::Tool(ToolPlan {
             // The raw (validated) path: the tool decodes it as we did.
             target,
-            idem: claim,
+            idem: claim.record,
             expect_json: tool.expect_json,
             isolation,
         }),
     })))
 }
 
-/// The refusal for a key whose record forbids going on.
-fn refused_claim(begin: IdemBegin) -> Deny {
-    match begin {
-        IdemBegin::InFlight => Deny::new(
-            DenyCode::RequestInProgress,
-            "a request with this Idempotency-Key is still in progress",
+/// The tool and the agent's grant for it.
+fn granted<'c>(
+    caller: &Caller<'c>,
+    tool_name: &str,
+) -> Result<(&'c Tool, &'c ToolGrant), GatewayError> {
+    let cfg = caller.cfg;
+    let tool = cfg.tools.get(tool_name).ok_or_else(|| {
+        Deny::new(
+            DenyCode::NotFound,
+            format!("no such tool: `{}`", clip(tool_name)),
         )
-        .retry_after(std::time::Duration::from_secs(1)),
-        IdemBegin::Mismatch => Deny::new(
-            DenyCode::IdempotencyKeyReused,
-            "this Idempotency-Key was used for a different request (method, path, query or body)",
-        ),
-        IdemBegin::Ended(IdemOutcome::Failed) => Deny::new(
-            DenyCode::OutcomeUnknown,
-            "the first request with this Idempotency-Key failed after it was sent; it may have taken effect: check before repeating it",
-        ),
-        IdemBegin::Ended(IdemOutcome::Unrecorded) => Deny::new(
-            DenyCode::OutcomeUnknown,
-            "the first request with this Idempotency-Key was answered, but the answer could not be recorded for replay",
-        ),
-        IdemBegin::Fresh | IdemBegin::Ended(IdemOutcome::Done(_)) => Deny::new(
-            DenyCode::PolicyUnavailable,
-            "unexpected idempotency state",
-        ),
+    })?;
+    let grant = cfg.tool_access[caller.agent_idx]
+        .get(tool_name)
+        .ok_or_else(|| {
+            Deny::new(
+                DenyCode::ToolNotAllowed,
+                format!(
+                    "agent `{}` may not call tool `{tool_name}`",
+                    caller.rules().name
+                ),
+            )
+        })?;
+    Ok((tool, grant))
+}
+
+/// The request against the grant: method, path by segments, declared
+/// body size. Returns the decoded path.
+fn check_request(
+    session: &mut Session,
+    caller: &Caller<'_>,
+    grant: &ToolGrant,
+    tool_name: &str,
+    rest: &str,
+) -> Result<String, GatewayError> {
+    let agent = &caller.rules().name;
+    let req = session.req_header();
+    if !grant.methods.contains(&req.method) {
+        let allow: Vec<&str> = grant.methods.iter().map(http::Method::as_str).collect();
+        return Err(GatewayError::MethodNotAllowed {
+            allow: allow.join(", "),
+            message: format!(
+                "agent `{agent}` may not use {} on tool `{tool_name}`",
+                req.method
+            ),
+        });
     }
+    let decoded = normalize(rest)
+        .map_err(|why| Deny::new(DenyCode::InvalidPath, format!("invalid tool path: {why}")))?;
+    if !grant.paths.allows_path(&decoded) {
+        return Err(Deny::new(
+            DenyCode::PathNotAllowed,
+            format!(
+                "agent `{agent}` may not call `{}` on tool `{tool_name}`",
+                clip(&decoded)
+            ),
+        )
+        .into());
+    }
+    let Some(limit) = grant.max_body_bytes else {
+        return Ok(decoded);
+    };
+    let chunked = req.headers.contains_key(http::header::TRANSFER_ENCODING);
+    let refusal = match declared_length(req)? {
+        Some(n) if n > limit => Deny::new(
+            DenyCode::BodyTooLarge,
+            format!("request body exceeds the limit of {limit} bytes"),
+        ),
+        None if chunked => Deny::new(
+            DenyCode::LengthRequired,
+            "this tool has a body size limit: send Content-Length",
+        ),
+        _ => return Ok(decoded),
+    };
+    session.set_keepalive(None);
+    Err(refusal.into())
 }
 
 fn clip(s: &str) -> &str {

@@ -72,38 +72,12 @@ impl Gateway {
                 )),
             ));
         };
-        // The body this attempt sends: renamed for this target, or the
-        // judged body of a large-body subrequest, or Pingora's own replay.
-        let injected = large_body::injected(ctx).cloned();
-        let base = injected.clone().or_else(|| ctx.original_body.clone());
-        let for_target = match (adm.model(), &base) {
-            (Some(plan), Some(base)) => super::model::attempt_body(route, target, plan, base)
-                .map_err(|e| answer(GATEWAY_FAULT, e))?,
-            _ => None,
-        };
-        ctx.attempt_body = match (for_target, base) {
-            (Some(body), _) => Some(body),
-            (None, base) if injected.is_some() || ctx.send_original => base,
-            _ => None,
-        };
-        // SNI only matters for TLS; a plain peer takes no copy of the host.
-        let sni = if p.tls { p.host.clone() } else { String::new() };
-        let mut peer = HttpPeer::new(*addr, p.tls, sni);
-        let o = &mut peer.options;
-        o.connection_timeout = Some(p.timeouts.connect);
-        o.total_connection_timeout = Some(p.timeouts.connect);
-        o.read_timeout = Some(p.timeouts.read);
-        o.write_timeout = Some(p.timeouts.read);
-        // Kept although it arms one more timer on every release to the pool
-        // (~1.4k instructions a request, callgrind): Pingora's pool notices a
-        // provider's FIN or RST on an idle connection, but not a NAT or load
-        // balancer that silently forgot it. Reusing such a connection hangs
-        // until the read timeout; never reusing one idle this long avoids it.
-        o.idle_timeout = Some(POOL_IDLE_TIMEOUT);
+        ctx.attempt_body = attempt_body(ctx, &adm, target)?;
+        let peer = peer_for(&p, *addr);
         ctx.attempt = Some(attempt);
         // Named again once this attempt's request is sent.
         ctx.sent_to = None;
-        Ok(Box::new(peer))
+        Ok(peer)
     }
 
     fn pick_again(
@@ -274,25 +248,7 @@ impl Gateway {
         let Some(provider) = ctx.attempt.as_ref().map(|a| a.picked.provider.clone()) else {
             return Ok(());
         };
-        // What the gateway could not read must not pass as if judged: a
-        // switch of protocols nobody asked for (agents' upgrades are refused
-        // at admission), or a body encoding it cannot inspect (it asked for
-        // `identity`) on an answer whose body it judges.
-        let unreadable = if status == 101 {
-            Some("switched protocols unasked".to_string())
-        } else if status >= 200 && needs_inspection(ctx) {
-            resp.headers
-                .get(http::header::CONTENT_ENCODING)
-                .filter(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
-                .map(|v| {
-                    format!(
-                        "answered with Content-Encoding `{}`, which the gateway cannot inspect",
-                        loopgate_policy::clip(&String::from_utf8_lossy(v.as_bytes()), 40)
-                    )
-                })
-        } else {
-            None
-        };
+        let unreadable = unreadable(ctx, resp);
         if let Some(why) = unreadable {
             let e = GatewayError::UpstreamFailed(format!("provider `{}` {why}", provider.name));
             self.fail_attempt(ctx, FailureKind::ServerError, e);
@@ -322,19 +278,8 @@ impl Gateway {
                 provider.name
             ));
             self.fail_attempt(ctx, kind, e);
-            if let Some(secs) = retry_after_secs(resp).filter(|_| status == 429) {
-                // The provider said when to come back: out of rotation till then.
-                let hold = Duration::from_secs(secs).min(provider.breaker.max_open_for);
-                let reason = format!("provider answered 429 with Retry-After: {secs}");
-                if let Ok(Some(t)) = self.breakers.hold_open(
-                    &key,
-                    &provider.breaker,
-                    self.clock.now(),
-                    hold,
-                    &reason,
-                ) {
-                    self.metrics.transition(&key, &t);
-                }
+            if status == 429 {
+                self.hold_for_retry_after(resp, &key, &provider);
             }
             if self.may_retry(session, ctx) {
                 return Err(Error::explain(
@@ -353,6 +298,27 @@ impl Gateway {
         ctx.ttfb = ttfb;
         ctx.breaker_key = Some(key);
         Ok(())
+    }
+
+    /// A 429 that says when to come back: the target's breaker holds it
+    /// out of rotation till then (at most the breaker's longest opening).
+    fn hold_for_retry_after(
+        &self,
+        resp: &ResponseHeader,
+        key: &str,
+        provider: &crate::config::runtime::Provider,
+    ) {
+        let Some(secs) = retry_after_secs(resp) else {
+            return;
+        };
+        let hold = Duration::from_secs(secs).min(provider.breaker.max_open_for);
+        let reason = format!("provider answered 429 with Retry-After: {secs}");
+        if let Ok(Some(t)) =
+            self.breakers
+                .hold_open(key, &provider.breaker, self.clock.now(), hold, &reason)
+        {
+            self.metrics.transition(key, &t);
+        }
     }
 
     /// A connection could not be made: the provider's failure, unless the
@@ -523,6 +489,70 @@ pub fn provider_name(ctx: &RequestCtx) -> String {
         .map(|a| a.picked.provider.name.to_string())
         .or_else(|| ctx.served_by.as_deref().map(str::to_string))
         .unwrap_or_else(|| "?".to_string())
+}
+
+/// The body an attempt sends itself: renamed for this target, or the
+/// judged body of a large-body subrequest, or the original when Pingora
+/// cannot replay it; `None` lets Pingora send (or replay) the body.
+fn attempt_body(
+    ctx: &RequestCtx,
+    adm: &super::ctx::Admission,
+    target: usize,
+) -> pingora::Result<Option<bytes::Bytes>> {
+    let injected = large_body::injected(ctx).cloned();
+    let base = injected.clone().or_else(|| ctx.original_body.clone());
+    let for_target = match (adm.model(), &base) {
+        (Some(plan), Some(base)) => super::model::attempt_body(&adm.route, target, plan, base)
+            .map_err(|e| answer(GATEWAY_FAULT, e))?,
+        _ => None,
+    };
+    Ok(match (for_target, base) {
+        (Some(body), _) => Some(body),
+        (None, base) if injected.is_some() || ctx.send_original => base,
+        _ => None,
+    })
+}
+
+/// The connection settings of one provider.
+fn peer_for(p: &crate::config::runtime::Provider, addr: std::net::SocketAddr) -> Box<HttpPeer> {
+    // SNI only matters for TLS; a plain peer takes no copy of the host.
+    let sni = if p.tls { p.host.clone() } else { String::new() };
+    let mut peer = HttpPeer::new(addr, p.tls, sni);
+    let o = &mut peer.options;
+    o.connection_timeout = Some(p.timeouts.connect);
+    o.total_connection_timeout = Some(p.timeouts.connect);
+    o.read_timeout = Some(p.timeouts.read);
+    o.write_timeout = Some(p.timeouts.read);
+    // Kept although it arms one more timer on every release to the pool
+    // (~1.4k instructions a request, callgrind): Pingora's pool notices a
+    // provider's FIN or RST on an idle connection, but not a NAT or load
+    // balancer that silently forgot it. Reusing such a connection hangs
+    // until the read timeout; never reusing one idle this long avoids it.
+    o.idle_timeout = Some(POOL_IDLE_TIMEOUT);
+    Box::new(peer)
+}
+
+/// What the gateway could not read must not pass as if judged: a switch
+/// of protocols nobody asked for (agents' upgrades are refused at
+/// admission), or a body encoding it cannot inspect (it asked for
+/// `identity`) on an answer whose body it judges. `Some(why)` for those.
+fn unreadable(ctx: &RequestCtx, resp: &ResponseHeader) -> Option<String> {
+    let status = resp.status.as_u16();
+    if status == 101 {
+        return Some("switched protocols unasked".to_string());
+    }
+    if status < 200 || !needs_inspection(ctx) {
+        return None;
+    }
+    resp.headers
+        .get(http::header::CONTENT_ENCODING)
+        .filter(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+        .map(|v| {
+            format!(
+                "answered with Content-Encoding `{}`, which the gateway cannot inspect",
+                loopgate_policy::clip(&String::from_utf8_lossy(v.as_bytes()), 40)
+            )
+        })
 }
 
 /// Whether the gateway reads this exchange's response body: usage on model

@@ -1,17 +1,52 @@
 //! MCP session binding: the session id a server answers `initialize` with
 //! is bound, in the state store (so replicas agree), to the agent that
-//! opened it, under that agent's name; MCP admission finds it for no other
-//! agent. An agent holds a bounded number of live sessions (the memory
+//! opened it, under that agent's name; MCP admission ([`check_owner`])
+//! finds it for no other agent. An agent holds a bounded number of live sessions (the memory
 //! store's `MAX_SESSIONS`): past it, its `initialize` is answered with an
 //! error, and nobody else's session makes room.
 
 use super::{Admission, Env, Feature};
 use crate::proxy::ctx::Plan;
 use crate::error::GatewayError;
+use crate::proxy::admit::FailMode;
 use crate::proxy::failure;
 use crate::proxy::mcp::{session_key, SESSION_TTL};
 use loopgate_policy::{Deny, DenyCode};
 use pingora::http::ResponseHeader;
+
+/// At admission: a session belongs to the agent that opened it. Another
+/// agent's, an unknown or an expired one is refused (404 for one this
+/// agent cannot see: the client starts a new session); an unreadable
+/// store is decided by `fail`.
+pub async fn check_owner(
+    env: &Env<'_>,
+    agent: &str,
+    server: &str,
+    sid: &str,
+    fail: &mut FailMode,
+) -> Result<(), GatewayError> {
+    let owner = env
+        .store
+        .record_get(env.clock.now(), &session_key(agent, server, sid))
+        .await
+        .map_err(|e| Deny::new(DenyCode::StateUnavailable, e.to_string()).into());
+    match fail.tolerate(owner)? {
+        // Unreadable under `fail_mode: open`: not checked.
+        None => Ok(()),
+        Some(Some((_, owner))) if owner == agent.as_bytes() => Ok(()),
+        Some(Some(_)) => Err(Deny::new(
+            DenyCode::SessionNotOwned,
+            "this MCP session belongs to another agent",
+        )
+        .never_retryable()
+        .into()),
+        Some(None) => Err(
+            Deny::new(DenyCode::NotFound, "unknown MCP session: initialize again")
+                .never_retryable()
+                .into(),
+        ),
+    }
+}
 
 #[derive(Debug)]
 pub struct SessionBinding {
