@@ -1,16 +1,270 @@
-//! An agent's guards and the settings behind them: budgets, forwarded
-//! headers, the loop guard, the watchdog, blocked phrases, dry run and
-//! required headers (`agents:` and the `policy:` defaults).
+//! Agents (`agents:` and the `policy:` defaults they start from): each
+//! agent's name, key, rules and limits, its guards and the settings behind
+//! them (budgets, forwarded headers, the loop guard, the watchdog, blocked
+//! phrases, dry run, required headers), and its tool and MCP grants
+//! (validated in `tools` and `mcp`).
 
-use super::runtime::{list, Errs};
+use super::mcp::{build_mcp_grants, McpAccess, McpServer};
+use super::runtime::{check_body_limit, check_positive, list, patterns, Errs};
 use super::spec;
+use super::tools::{build_tool_grants, ToolGrant};
 use loopgate_breaker::LoopConfig;
 use loopgate_policy::{
-    Budgets, DenyCode, PatternList, PhraseMatcher, RedAction, Thresholds, WatchdogConfig,
+    AgentKeys, AgentRules, Budgets, DenyCode, Endpoint, KeyDigest, KeyIndex, Limits, Mode,
+    PatternList, PhraseMatcher, RedAction, Thresholds, WatchdogConfig,
 };
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The `policy:` section: what an agent without its own setting gets.
+pub(super) struct Defaults<'s> {
+    policy: &'s spec::PolicySpec,
+    phrases: Option<Arc<PhraseMatcher>>,
+    dry_run: HashSet<DenyCode>,
+    headers: Vec<String>,
+    max_body_bytes: u64,
+}
+
+/// Validates the `policy:` defaults.
+pub(super) fn policy_defaults<'s>(
+    errs: &mut Errs,
+    policy: &'s spec::PolicySpec,
+    max_body_bytes: u64,
+) -> Defaults<'s> {
+    let phrases = match &policy.blocked_phrases {
+        Some(p) if !p.is_empty() => compile_phrases(errs, "policy.blocked_phrases", p),
+        _ => None,
+    };
+    let dry_run = parse_dry_run(errs, "policy.dry_run", policy.dry_run.as_deref());
+    let headers = parse_headers(
+        errs,
+        "policy.required_headers",
+        policy.required_headers.as_deref(),
+    );
+    for (field, v) in [
+        ("max_tokens", policy.max_tokens),
+        ("max_messages", policy.max_messages.map(|n| n as u64)),
+        ("requests_per_minute", policy.requests_per_minute),
+        ("tokens_per_minute", policy.tokens_per_minute),
+        ("max_in_flight", policy.max_in_flight),
+    ] {
+        check_positive(errs, &format!("policy.{field}"), v);
+    }
+    Defaults {
+        policy,
+        phrases,
+        dry_run,
+        headers,
+        max_body_bytes,
+    }
+}
+
+/// Every agent, each list indexed like `agents`.
+#[derive(Default)]
+pub(super) struct Agents {
+    pub agents: Vec<Arc<AgentRules>>,
+    pub guards: Vec<Guards>,
+    pub forward_headers: Vec<Vec<http::HeaderName>>,
+    pub tool_access: Vec<HashMap<String, ToolGrant>>,
+    pub mcp_access: Vec<HashMap<String, Arc<McpAccess>>>,
+    pub keys: KeyIndex<usize>,
+}
+
+/// Validates every agent; a key may belong to one agent only.
+pub(super) fn build_agents(
+    errs: &mut Errs,
+    specs: &BTreeMap<String, spec::AgentSpec>,
+    defaults: &Defaults<'_>,
+    tool_names: &HashSet<String>,
+    mcp_servers: &HashMap<String, Arc<McpServer>>,
+) -> Agents {
+    let mut out = Agents::default();
+    let mut key_owner: HashMap<String, String> = HashMap::new();
+    for (name, a) in specs {
+        let at = format!("agents.{name}");
+        let digest = match KeyDigest::from_hex(&a.key_sha256) {
+            Ok(d) => Some(d),
+            Err(why) => {
+                errs.push(format!("{at}.key_sha256"), why);
+                None
+            }
+        };
+        if let Some(d) = digest {
+            if let Some(other) = key_owner.insert(d.to_hex(), name.clone()) {
+                errs.push(
+                    format!("{at}.key_sha256"),
+                    format!("the same key is already used by agent `{other}`"),
+                );
+            }
+            out.keys.insert(d, out.agents.len());
+        }
+        let rules = build_rules(errs, &at, name, a, defaults);
+        out.guards
+            .push(build_guards(errs, &at, a, defaults.policy, &rules.models));
+        out.forward_headers.push(build_forward_headers(
+            errs,
+            &format!("{at}.forward_headers"),
+            a.forward_headers.as_deref().unwrap_or_default(),
+        ));
+        out.tool_access
+            .push(build_tool_grants(errs, &at, &a.tool_access, tool_names));
+        out.mcp_access
+            .push(build_mcp_grants(errs, &at, &a.mcp_access, mcp_servers));
+        out.agents.push(Arc::new(rules));
+    }
+    out
+}
+
+/// An agent's rules and limits: its own settings, else the policy's.
+fn build_rules(
+    errs: &mut Errs,
+    at: &str,
+    name: &str,
+    a: &spec::AgentSpec,
+    defaults: &Defaults<'_>,
+) -> AgentRules {
+    let policy = defaults.policy;
+    // The name keys the agent's task state (`agent/task`), which the
+    // state is bounded per agent by, and labels its metrics.
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        errs.push(
+            at,
+            "an agent name is 1-64 characters of A-Z, a-z, 0-9, `.`, `_` and `-`",
+        );
+    }
+    if a.models.is_empty() {
+        errs.push(
+            format!("{at}.models"),
+            "at least one model is required (use \"*\" to allow every routed model)",
+        );
+    }
+    let models = patterns(errs, &format!("{at}.models"), &a.models);
+    let tools = a
+        .tools
+        .as_ref()
+        .map(|t| patterns(errs, &format!("{at}.tools"), t));
+    let paths = a.paths.as_ref().map(|p| endpoints(errs, at, p));
+    let max_body = a.max_body_bytes.unwrap_or(defaults.max_body_bytes);
+    if a.max_body_bytes.is_some() {
+        check_body_limit(errs, &format!("{at}.max_body_bytes"), max_body);
+    }
+    for (field, v) in [
+        ("max_tokens", a.max_tokens),
+        ("max_messages", a.max_messages.map(|n| n as u64)),
+        ("requests_per_minute", a.requests_per_minute),
+        ("tokens_per_minute", a.tokens_per_minute),
+        ("max_in_flight", a.max_in_flight),
+    ] {
+        check_positive(errs, &format!("{at}.{field}"), v);
+    }
+    let phrases = match &a.blocked_phrases {
+        None => defaults.phrases.clone(),
+        Some(p) if p.is_empty() => None,
+        Some(p) => compile_phrases(errs, &format!("{at}.blocked_phrases"), p),
+    };
+    let dry_run = match &a.dry_run {
+        None => defaults.dry_run.clone(),
+        Some(d) => parse_dry_run(errs, &format!("{at}.dry_run"), Some(d)),
+    };
+    let required_headers = match &a.required_headers {
+        None => defaults.headers.clone(),
+        Some(h) => parse_headers(errs, &format!("{at}.required_headers"), Some(h)),
+    };
+    let mode = match a.mode.or(policy.mode) {
+        Some(spec::ModeSpec::DryRun) => Mode::DryRun,
+        Some(spec::ModeSpec::Enforce) | None => Mode::Enforce,
+    };
+    // An agent's own section replaces the policy default whole; errors
+    // name the section they come from.
+    let budgets_at = if a.budgets.is_some() { at } else { "policy" };
+    let budgets = build_budgets(
+        errs,
+        budgets_at,
+        a.budgets.as_ref().or(policy.budgets.as_ref()),
+    );
+    AgentRules {
+        name: Arc::from(name),
+        models,
+        paths,
+        tools,
+        required_headers,
+        max_body_bytes: max_body,
+        max_tokens: a.max_tokens.or(policy.max_tokens),
+        max_messages: a.max_messages.or(policy.max_messages),
+        phrases,
+        limits: Limits {
+            requests_per_minute: a.requests_per_minute.or(policy.requests_per_minute),
+            tokens_per_minute: a.tokens_per_minute.or(policy.tokens_per_minute),
+            max_in_flight: a.max_in_flight.or(policy.max_in_flight),
+        },
+        budgets,
+        mode,
+        dry_run,
+        keys: AgentKeys::new(name),
+    }
+}
+
+/// `agents.<name>.paths`: the endpoints the agent may call.
+fn endpoints(errs: &mut Errs, at: &str, paths: &[String]) -> HashSet<Endpoint> {
+    if paths.is_empty() {
+        errs.push(
+            format!("{at}.paths"),
+            "must not be empty (omit it to allow every endpoint)",
+        );
+    }
+    let mut set = HashSet::new();
+    for (j, p) in paths.iter().enumerate() {
+        match Endpoint::from_path(p) {
+            Some(e) => {
+                set.insert(e);
+            }
+            None => errs.push(
+                format!("{at}.paths[{j}]"),
+                format!(
+                    "`{p}` is not an endpoint Loopgate serves (one of: {})",
+                    list(Endpoint::ALL.iter().map(|e| e.path()))
+                ),
+            ),
+        }
+    }
+    set
+}
+
+/// An agent's loop guard and watchdog: its own sections, else the
+/// policy's. The loop guard is on by default (window 10, repeats 3): a
+/// gateway for agents does not ship with its seat belt unbuckled;
+/// `loop_guard: {enabled: false}` turns it off. It only acts on requests
+/// that name a task.
+fn build_guards(
+    errs: &mut Errs,
+    at: &str,
+    a: &spec::AgentSpec,
+    policy: &spec::PolicySpec,
+    models: &PatternList,
+) -> Guards {
+    let pick = |own: bool| if own { at } else { "policy" };
+    let loop_spec = a.loop_guard.as_ref().or(policy.loop_guard.as_ref());
+    let watchdog_spec = a.watchdog.as_ref().or(policy.watchdog.as_ref());
+    let default_loops = spec::LoopGuardSpec::default();
+    Guards {
+        loops: build_loops(
+            errs,
+            pick(a.loop_guard.is_some()),
+            loop_spec.unwrap_or(&default_loops),
+        ),
+        snapshot_dir: loop_spec
+            .and_then(|l| l.snapshot_dir.as_ref())
+            .map(std::path::PathBuf::from),
+        watchdog: watchdog_spec
+            .and_then(|w| build_watchdog(errs, pick(a.watchdog.is_some()), w, models)),
+    }
+}
 
 /// An agent's guards (the budgets live in its `AgentRules`).
 #[derive(Debug, Clone, Default)]
@@ -20,7 +274,7 @@ pub struct Guards {
     pub watchdog: Option<WatchdogConfig>,
 }
 
-pub(super) fn build_budgets(errs: &mut Errs, at: &str, b: Option<&spec::BudgetsSpec>) -> Budgets {
+fn build_budgets(errs: &mut Errs, at: &str, b: Option<&spec::BudgetsSpec>) -> Budgets {
     let d = Budgets::default();
     let Some(b) = b else { return d };
     let field = |f: &str| format!("{at}.budgets.{f}");
@@ -67,11 +321,7 @@ pub const NEVER_FORWARDED: [&str; 11] = [
     "x-client-ip",
 ];
 
-pub(super) fn build_forward_headers(
-    errs: &mut Errs,
-    at: &str,
-    names: &[String],
-) -> Vec<http::HeaderName> {
+fn build_forward_headers(errs: &mut Errs, at: &str, names: &[String]) -> Vec<http::HeaderName> {
     let mut out = Vec::new();
     for (i, n) in names.iter().enumerate() {
         let lower = n.to_ascii_lowercase();
@@ -92,11 +342,7 @@ pub(super) fn build_forward_headers(
     out
 }
 
-pub(super) fn build_loops(
-    errs: &mut Errs,
-    at: &str,
-    l: &spec::LoopGuardSpec,
-) -> Option<LoopConfig> {
+fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<LoopConfig> {
     if l.enabled == Some(false) {
         return None;
     }
@@ -151,7 +397,7 @@ pub(super) fn thresholds(errs: &mut Errs, at: &str, t: &spec::ThresholdsSpec) ->
     }
 }
 
-pub(super) fn build_watchdog(
+fn build_watchdog(
     errs: &mut Errs,
     at: &str,
     w: &spec::WatchdogSpec,
@@ -184,11 +430,7 @@ pub(super) fn build_watchdog(
     })
 }
 
-pub(super) fn compile_phrases(
-    errs: &mut Errs,
-    path: &str,
-    phrases: &[String],
-) -> Option<Arc<PhraseMatcher>> {
+fn compile_phrases(errs: &mut Errs, path: &str, phrases: &[String]) -> Option<Arc<PhraseMatcher>> {
     match PhraseMatcher::new(phrases) {
         Ok(m) => Some(Arc::new(m)),
         Err(why) => {
@@ -198,11 +440,7 @@ pub(super) fn compile_phrases(
     }
 }
 
-pub(super) fn parse_dry_run(
-    errs: &mut Errs,
-    path: &str,
-    codes: Option<&[String]>,
-) -> HashSet<DenyCode> {
+fn parse_dry_run(errs: &mut Errs, path: &str, codes: Option<&[String]>) -> HashSet<DenyCode> {
     let mut set = HashSet::new();
     for (j, c) in codes.unwrap_or_default().iter().enumerate() {
         match DenyCode::parse(c).filter(|c| c.dry_runnable()) {
@@ -226,11 +464,7 @@ pub(super) fn parse_dry_run(
     set
 }
 
-pub(super) fn parse_headers(
-    errs: &mut Errs,
-    path: &str,
-    headers: Option<&[String]>,
-) -> Vec<String> {
+fn parse_headers(errs: &mut Errs, path: &str, headers: Option<&[String]>) -> Vec<String> {
     let mut out = Vec::new();
     for (j, h) in headers.unwrap_or_default().iter().enumerate() {
         match http::HeaderName::from_bytes(h.as_bytes()) {

@@ -1,8 +1,11 @@
-//! The listener (`listen:`): its address and connection limits.
+//! The listeners and what they serve beside the proxy: the agent
+//! listener (`listen:`, its address and connection limits), the admin
+//! listener (`admin:`) and the access log (`access_log:`).
 
-use super::runtime::Errs;
+use super::runtime::{AccessTarget, Errs};
 use super::spec;
 use crate::connections::ConnectionLimits;
+use crate::secret::Secret;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -71,5 +74,71 @@ pub(super) fn parse_addr(errs: &mut Errs, path: &str, s: &str) -> Option<SocketA
             );
             None
         }
+    }
+}
+
+/// The admin listener, its token and the endpoints served without it.
+pub(super) struct Admin {
+    pub listen: Option<SocketAddr>,
+    pub token: Option<Secret>,
+    /// `health`, `ready`, `metrics` by default.
+    pub open: Vec<String>,
+}
+
+pub(super) fn build_admin(
+    errs: &mut Errs,
+    spec: Option<&spec::AdminSpec>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Admin {
+    let listen = spec.and_then(|a| parse_addr(errs, "admin.listen", &a.listen));
+    let token = spec
+        .and_then(|a| a.token_env.as_ref())
+        .and_then(|var| match env(var) {
+            Some(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_string())),
+            _ => {
+                errs.push(
+                    "admin.token_env",
+                    format!("environment variable {var} is not set or empty"),
+                );
+                None
+            }
+        });
+    let open = match spec.and_then(|a| a.open.clone()) {
+        None => vec!["health".into(), "ready".into(), "metrics".into()],
+        Some(list) => {
+            for (i, e) in list.iter().enumerate() {
+                if !matches!(e.as_str(), "health" | "ready" | "metrics") {
+                    errs.push(
+                        format!("admin.open[{i}]"),
+                        format!("`{e}` cannot be opened (one of: health, ready, metrics)"),
+                    );
+                }
+            }
+            list
+        }
+    };
+    Admin {
+        listen,
+        token,
+        open,
+    }
+}
+
+pub(super) fn build_access_log(
+    errs: &mut Errs,
+    spec: Option<&spec::AccessLogSpec>,
+) -> AccessTarget {
+    match spec.map(|a| a.path.as_str()) {
+        None | Some("stdout") => AccessTarget::Stdout,
+        Some("stderr") => AccessTarget::Stderr,
+        Some("off") => AccessTarget::Off,
+        Some("") => {
+            errs.push(
+                "access_log.path",
+                "must be stdout, stderr, off or a file path",
+            );
+            AccessTarget::Off
+        }
+        Some(path) => AccessTarget::File(path.to_string()),
     }
 }

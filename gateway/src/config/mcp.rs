@@ -3,7 +3,7 @@
 
 use super::providers::{build_upstream, single_route, UpstreamSpec, MCP_FIELDS};
 use super::routes::Route;
-use super::runtime::{patterns, Errs};
+use super::runtime::{at_least_one, patterns, Errs};
 use super::spec;
 use loopgate_policy::PatternList;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -89,4 +89,45 @@ pub(super) fn build_mcp_servers(
         }
     }
     mcp_servers
+}
+
+/// `agents.<name>.mcp_access`: the agent's grant on each MCP server.
+pub(super) fn build_mcp_grants(
+    errs: &mut Errs,
+    at: &str,
+    specs: &BTreeMap<String, spec::McpAccessSpec>,
+    servers: &HashMap<String, Arc<McpServer>>,
+) -> HashMap<String, Arc<McpAccess>> {
+    let mut grants = HashMap::new();
+    for (server, g) in specs {
+        let gat = format!("{at}.mcp_access.{server}");
+        if !servers.contains_key(server) {
+            errs.push(
+                gat.clone(),
+                format!("no server `{server}` under `mcp_servers:`"),
+            );
+        }
+        let field = |f: &str| format!("{gat}.{f}");
+        let access = McpAccess {
+            grant: loopgate_policy::mcp::McpGrant {
+                tools: patterns(errs, &field("tools"), &g.tools),
+                prompts: patterns(errs, &field("prompts"), &g.prompts),
+                resources: patterns(errs, &field("resources"), &g.resources),
+            },
+            calls_per_minute: at_least_one(
+                errs,
+                &field("calls_per_minute"),
+                g.calls_per_minute,
+                120,
+            ),
+            write_calls_per_minute: at_least_one(
+                errs,
+                &field("write_calls_per_minute"),
+                g.write_calls_per_minute,
+                20,
+            ),
+        };
+        grants.insert(server.clone(), Arc::new(access));
+    }
+    grants
 }

@@ -5,25 +5,20 @@
 //! from a spec that passed every check; shared by the proxy as an `Arc`
 //! snapshot.
 
-use super::spec::{self, ConfigSpec};
+use super::spec::ConfigSpec;
 use super::{ConfigError, ConfigErrors};
 pub use crate::access_log::Target as AccessTarget;
 use crate::connections::ConnectionLimits;
 use crate::secret::Secret;
-use loopgate_policy::{
-    AgentKeys, AgentRules, Endpoint, KeyDigest, KeyIndex, Limits, Mode, PatternList,
-};
+use loopgate_policy::{AgentRules, KeyIndex, PatternList};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::agents::{
-    build_budgets, build_forward_headers, build_loops, build_watchdog, compile_phrases,
-    parse_dry_run, parse_headers,
-};
+use super::agents::{build_agents, policy_defaults, Agents};
 pub use super::agents::{Guards, NEVER_FORWARDED, SCOPING_HEADERS};
-use super::listen::{build_connections, parse_addr};
+use super::listen::{build_access_log, build_admin, build_connections, parse_addr, Admin};
 use super::mcp::build_mcp_servers;
 pub use super::mcp::{McpAccess, McpServer};
 pub use super::providers::Provider;
@@ -238,51 +233,12 @@ pub fn build(
         &spec.listen.address,
     );
     let connections = build_connections(&mut errs, spec.listen.connections.as_ref());
-    let admin_listen = spec
-        .admin
-        .as_ref()
-        .and_then(|a| parse_addr(&mut errs, "admin.listen", &a.listen));
-    let admin_token = spec
-        .admin
-        .as_ref()
-        .and_then(|a| a.token_env.as_ref())
-        .and_then(|var| match env(var) {
-            Some(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_string())),
-            _ => {
-                errs.push(
-                    "admin.token_env",
-                    format!("environment variable {var} is not set or empty"),
-                );
-                None
-            }
-        });
-    let admin_open = match spec.admin.as_ref().and_then(|a| a.open.clone()) {
-        None => vec!["health".into(), "ready".into(), "metrics".into()],
-        Some(list) => {
-            for (i, e) in list.iter().enumerate() {
-                if !matches!(e.as_str(), "health" | "ready" | "metrics") {
-                    errs.push(
-                        format!("admin.open[{i}]"),
-                        format!("`{e}` cannot be opened (one of: health, ready, metrics)"),
-                    );
-                }
-            }
-            list
-        }
-    };
-    let access_log = match spec.access_log.as_ref().map(|a| a.path.as_str()) {
-        None | Some("stdout") => AccessTarget::Stdout,
-        Some("stderr") => AccessTarget::Stderr,
-        Some("off") => AccessTarget::Off,
-        Some("") => {
-            errs.push(
-                "access_log.path",
-                "must be stdout, stderr, off or a file path",
-            );
-            AccessTarget::Off
-        }
-        Some(path) => AccessTarget::File(path.to_string()),
-    };
+    let Admin {
+        listen: admin_listen,
+        token: admin_token,
+        open: admin_open,
+    } = build_admin(&mut errs, spec.admin.as_ref(), env);
+    let access_log = build_access_log(&mut errs, spec.access_log.as_ref());
     let threads = match spec.threads {
         Some(0) => {
             errs.push("threads", "must be at least 1");
@@ -342,277 +298,21 @@ pub fn build(
         &models,
     );
 
-    let global_phrases = match &spec.policy.blocked_phrases {
-        Some(p) if !p.is_empty() => compile_phrases(&mut errs, "policy.blocked_phrases", p),
-        _ => None,
-    };
-    let global_dry_run = parse_dry_run(&mut errs, "policy.dry_run", spec.policy.dry_run.as_deref());
-    let global_headers = parse_headers(
+    let defaults = policy_defaults(&mut errs, &spec.policy, max_body_bytes);
+    let Agents {
+        agents,
+        guards,
+        forward_headers,
+        tool_access,
+        mcp_access,
+        keys,
+    } = build_agents(
         &mut errs,
-        "policy.required_headers",
-        spec.policy.required_headers.as_deref(),
+        &spec.agents,
+        &defaults,
+        &spec_tool_names,
+        &mcp_servers,
     );
-    check_positive(&mut errs, "policy.max_tokens", spec.policy.max_tokens);
-    check_positive(
-        &mut errs,
-        "policy.max_messages",
-        spec.policy.max_messages.map(|n| n as u64),
-    );
-    check_positive(
-        &mut errs,
-        "policy.requests_per_minute",
-        spec.policy.requests_per_minute,
-    );
-    check_positive(
-        &mut errs,
-        "policy.tokens_per_minute",
-        spec.policy.tokens_per_minute,
-    );
-    check_positive(&mut errs, "policy.max_in_flight", spec.policy.max_in_flight);
-
-    let mut agents = Vec::new();
-    let mut guards = Vec::new();
-    let mut forward_headers = Vec::new();
-    let mut tool_access = Vec::new();
-    let mut mcp_access = Vec::new();
-    let mut keys = KeyIndex::default();
-    let mut key_owner: HashMap<String, String> = HashMap::new();
-    for (name, a) in &spec.agents {
-        let at = format!("agents.{name}");
-        // The name keys the agent's task state (`agent/task`), which the
-        // state is bounded per agent by, and labels its metrics.
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        {
-            errs.push(
-                at.clone(),
-                "an agent name is 1-64 characters of A-Z, a-z, 0-9, `.`, `_` and `-`",
-            );
-        }
-        let digest = match KeyDigest::from_hex(&a.key_sha256) {
-            Ok(d) => Some(d),
-            Err(why) => {
-                errs.push(format!("{at}.key_sha256"), why);
-                None
-            }
-        };
-        if let Some(d) = digest {
-            if let Some(other) = key_owner.insert(d.to_hex(), name.clone()) {
-                errs.push(
-                    format!("{at}.key_sha256"),
-                    format!("the same key is already used by agent `{other}`"),
-                );
-            }
-        }
-        if a.models.is_empty() {
-            errs.push(
-                format!("{at}.models"),
-                "at least one model is required (use \"*\" to allow every routed model)",
-            );
-        }
-        let models = patterns(&mut errs, &format!("{at}.models"), &a.models);
-        let tools = a
-            .tools
-            .as_ref()
-            .map(|t| patterns(&mut errs, &format!("{at}.tools"), t));
-        let paths = a.paths.as_ref().map(|paths| {
-            if paths.is_empty() {
-                errs.push(
-                    format!("{at}.paths"),
-                    "must not be empty (omit it to allow every endpoint)",
-                );
-            }
-            let mut set = HashSet::new();
-            for (j, p) in paths.iter().enumerate() {
-                match Endpoint::from_path(p) {
-                    Some(e) => {
-                        set.insert(e);
-                    }
-                    None => errs.push(
-                        format!("{at}.paths[{j}]"),
-                        format!(
-                            "`{p}` is not an endpoint Loopgate serves (one of: {})",
-                            list(Endpoint::ALL.iter().map(|e| e.path()))
-                        ),
-                    ),
-                }
-            }
-            set
-        });
-        let max_body = a.max_body_bytes.unwrap_or(max_body_bytes);
-        if a.max_body_bytes.is_some() {
-            check_body_limit(&mut errs, &format!("{at}.max_body_bytes"), max_body);
-        }
-        for (field, v) in [
-            ("max_tokens", a.max_tokens),
-            ("max_messages", a.max_messages.map(|n| n as u64)),
-            ("requests_per_minute", a.requests_per_minute),
-            ("tokens_per_minute", a.tokens_per_minute),
-            ("max_in_flight", a.max_in_flight),
-        ] {
-            check_positive(&mut errs, &format!("{at}.{field}"), v);
-        }
-        let phrases = match &a.blocked_phrases {
-            None => global_phrases.clone(),
-            Some(p) if p.is_empty() => None,
-            Some(p) => compile_phrases(&mut errs, &format!("{at}.blocked_phrases"), p),
-        };
-        let dry_run = match &a.dry_run {
-            None => global_dry_run.clone(),
-            Some(d) => parse_dry_run(&mut errs, &format!("{at}.dry_run"), Some(d)),
-        };
-        let required_headers = match &a.required_headers {
-            None => global_headers.clone(),
-            Some(h) => parse_headers(&mut errs, &format!("{at}.required_headers"), Some(h)),
-        };
-        let mode = match a.mode.or(spec.policy.mode) {
-            Some(spec::ModeSpec::DryRun) => Mode::DryRun,
-            Some(spec::ModeSpec::Enforce) | None => Mode::Enforce,
-        };
-        // An agent's own section replaces the policy default whole; errors
-        // name the section they come from.
-        let pick = |own: bool| {
-            if own {
-                at.clone()
-            } else {
-                "policy".to_string()
-            }
-        };
-        let budgets = build_budgets(
-            &mut errs,
-            &pick(a.budgets.is_some()),
-            a.budgets.as_ref().or(spec.policy.budgets.as_ref()),
-        );
-        let loop_spec = a.loop_guard.as_ref().or(spec.policy.loop_guard.as_ref());
-        let watchdog_spec = a.watchdog.as_ref().or(spec.policy.watchdog.as_ref());
-        let loop_at = pick(a.loop_guard.is_some());
-        let watchdog_at = pick(a.watchdog.is_some());
-        // On by default (window 10, repeats 3): a gateway for agents does not
-        // ship with its seat belt unbuckled. `loop_guard: {enabled: false}`
-        // turns it off. It only acts on requests that name a task.
-        let default_loops = spec::LoopGuardSpec::default();
-        forward_headers.push(build_forward_headers(
-            &mut errs,
-            &format!("{at}.forward_headers"),
-            a.forward_headers.as_deref().unwrap_or_default(),
-        ));
-        guards.push(Guards {
-            loops: build_loops(&mut errs, &loop_at, loop_spec.unwrap_or(&default_loops)),
-            snapshot_dir: loop_spec
-                .and_then(|l| l.snapshot_dir.as_ref())
-                .map(std::path::PathBuf::from),
-            watchdog: watchdog_spec
-                .and_then(|w| build_watchdog(&mut errs, &watchdog_at, w, &models)),
-        });
-        let mut grants = HashMap::new();
-        for (tool, g) in &a.tool_access {
-            let gat = format!("{at}.tool_access.{tool}");
-            if !spec_tool_names.contains(tool) {
-                errs.push(gat.clone(), format!("no tool `{tool}` under `tools:`"));
-            }
-            let mut methods = Vec::new();
-            for (j, m) in g.methods.iter().enumerate() {
-                match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
-                    Ok(m) => methods.push(m),
-                    Err(_) => errs.push(
-                        format!("{gat}.methods[{j}]"),
-                        format!("`{m}` is not an HTTP method"),
-                    ),
-                }
-            }
-            if methods.is_empty() {
-                errs.push(format!("{gat}.methods"), "at least one method is required");
-            }
-            if g.paths.is_empty() {
-                errs.push(
-                    format!("{gat}.paths"),
-                    "at least one path is required (\"/*\" for all)",
-                );
-            }
-            if g.paths.iter().any(|p| !p.starts_with('/')) {
-                errs.push(format!("{gat}.paths"), "paths start with /");
-            }
-            let paths = patterns(&mut errs, &format!("{gat}.paths"), &g.paths);
-            if g.max_body_bytes.is_some() {
-                check_body_limit(
-                    &mut errs,
-                    &format!("{gat}.max_body_bytes"),
-                    g.max_body_bytes.unwrap_or(0),
-                );
-            }
-            grants.insert(
-                tool.clone(),
-                ToolGrant {
-                    methods,
-                    paths,
-                    max_body_bytes: g.max_body_bytes,
-                },
-            );
-        }
-        tool_access.push(grants);
-        let mut mcp = HashMap::new();
-        for (server, g) in &a.mcp_access {
-            let gat = format!("{at}.mcp_access.{server}");
-            if !mcp_servers.contains_key(server) {
-                errs.push(
-                    gat.clone(),
-                    format!("no server `{server}` under `mcp_servers:`"),
-                );
-            }
-            let positive = |errs: &mut Errs, field: &str, v: Option<u64>, default: u64| {
-                at_least_one(errs, &format!("{gat}.{field}"), v, default)
-            };
-            mcp.insert(
-                server.clone(),
-                Arc::new(McpAccess {
-                    grant: loopgate_policy::mcp::McpGrant {
-                        tools: patterns(&mut errs, &format!("{gat}.tools"), &g.tools),
-                        prompts: patterns(&mut errs, &format!("{gat}.prompts"), &g.prompts),
-                        resources: patterns(&mut errs, &format!("{gat}.resources"), &g.resources),
-                    },
-                    calls_per_minute: positive(
-                        &mut errs,
-                        "calls_per_minute",
-                        g.calls_per_minute,
-                        120,
-                    ),
-                    write_calls_per_minute: positive(
-                        &mut errs,
-                        "write_calls_per_minute",
-                        g.write_calls_per_minute,
-                        20,
-                    ),
-                }),
-            );
-        }
-        mcp_access.push(mcp);
-        if let Some(d) = digest {
-            keys.insert(d, agents.len());
-        }
-        agents.push(Arc::new(AgentRules {
-            name: Arc::from(name.as_str()),
-            models,
-            paths,
-            tools,
-            required_headers,
-            max_body_bytes: max_body,
-            max_tokens: a.max_tokens.or(spec.policy.max_tokens),
-            max_messages: a.max_messages.or(spec.policy.max_messages),
-            phrases,
-            limits: Limits {
-                requests_per_minute: a.requests_per_minute.or(spec.policy.requests_per_minute),
-                tokens_per_minute: a.tokens_per_minute.or(spec.policy.tokens_per_minute),
-                max_in_flight: a.max_in_flight.or(spec.policy.max_in_flight),
-            },
-            budgets,
-            mode,
-            dry_run,
-            keys: AgentKeys::new(name),
-        }));
-    }
 
     if !errs.list.is_empty() {
         return Err(ConfigErrors(errs.list));
@@ -675,6 +375,8 @@ pub(super) fn check_body_limit(errs: &mut Errs, path: &str, v: u64) {
 mod tests {
     use super::super::parse;
     use super::*;
+    use crate::config::spec;
+    use loopgate_policy::Endpoint;
     use loopgate_policy::LimitField;
 
     fn build_str(yaml: &str) -> Result<Config, Vec<String>> {

@@ -2,10 +2,10 @@
 
 use super::providers::{build_upstream, single_route, UpstreamSpec, TOOL_FIELDS};
 use super::routes::Route;
-use super::runtime::Errs;
+use super::runtime::{check_body_limit, patterns, Errs};
 use super::spec;
 use loopgate_policy::PatternList;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,4 +87,55 @@ pub(super) fn build_tools(
         }
     }
     tools
+}
+
+/// `agents.<name>.tool_access`: the agent's grant on each tool.
+pub(super) fn build_tool_grants(
+    errs: &mut Errs,
+    at: &str,
+    specs: &BTreeMap<String, spec::ToolAccessSpec>,
+    tool_names: &HashSet<String>,
+) -> HashMap<String, ToolGrant> {
+    let mut grants = HashMap::new();
+    for (tool, g) in specs {
+        let gat = format!("{at}.tool_access.{tool}");
+        if !tool_names.contains(tool) {
+            errs.push(gat.clone(), format!("no tool `{tool}` under `tools:`"));
+        }
+        let mut methods = Vec::new();
+        for (j, m) in g.methods.iter().enumerate() {
+            match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                Ok(m) => methods.push(m),
+                Err(_) => errs.push(
+                    format!("{gat}.methods[{j}]"),
+                    format!("`{m}` is not an HTTP method"),
+                ),
+            }
+        }
+        if methods.is_empty() {
+            errs.push(format!("{gat}.methods"), "at least one method is required");
+        }
+        if g.paths.is_empty() {
+            errs.push(
+                format!("{gat}.paths"),
+                "at least one path is required (\"/*\" for all)",
+            );
+        }
+        if g.paths.iter().any(|p| !p.starts_with('/')) {
+            errs.push(format!("{gat}.paths"), "paths start with /");
+        }
+        let paths = patterns(errs, &format!("{gat}.paths"), &g.paths);
+        if let Some(limit) = g.max_body_bytes {
+            check_body_limit(errs, &format!("{gat}.max_body_bytes"), limit);
+        }
+        grants.insert(
+            tool.clone(),
+            ToolGrant {
+                methods,
+                paths,
+                max_body_bytes: g.max_body_bytes,
+            },
+        );
+    }
+    grants
 }
