@@ -1,7 +1,7 @@
 //! Several gateway instances sharing one Redis: limits, budgets and
 //! in-flight slots are exact across replicas, an open breaker is shared,
-//! a task's loop ring and watchdog count are fleet-wide, and losing Redis
-//! never lets a request through by accident.
+//! a task's loop ring, watchdog count and tool failure streaks are
+//! fleet-wide, and losing Redis never lets a request through by accident.
 
 use loopgate_tests::*;
 use std::process::Command;
@@ -11,6 +11,7 @@ const RPM_KEY: &str = "scale-rpm-key-0001";
 const BUDGET_KEY: &str = "scale-budget-key-0002";
 const SLOTS_KEY: &str = "scale-slots-key-0003";
 const WATCHED_KEY: &str = "scale-watched-key-0004";
+const STREAKY_KEY: &str = "scale-streaky-key-0005";
 const CHAT: &str =
     r#"{"model":"gpt-4o-mini","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
 
@@ -49,6 +50,11 @@ tools:
   strict:
     base_url: "{mock}/echo/strict"
     idempotency: {{ mode: required }}
+  flaky:
+    base_url: "{mock}/echo/flaky"
+    isolate_after: 3
+    isolate_ms: 60000
+    breaker: {{ consecutive_failures: 100, open_ms: 1000 }}
 mcp_servers:
   files-open:
     url: "{mock}/mcp"
@@ -80,6 +86,12 @@ agents:
     models: [gpt-4o-mini]
     loop_guard: {{ enabled: false }}
     watchdog: {{ yellow: {{ steps: 2 }}, red: {{ steps: 4 }}, action: stop }}
+  streaky:
+    key_sha256: "{streaky}"
+    models: [gpt-4o-mini]
+    loop_guard: {{ enabled: false }}
+    tool_access:
+      flaky: {{ methods: [GET], paths: ["/*"] }}
 "#,
         url = redis.url(),
         mock = mock.url(),
@@ -87,6 +99,7 @@ agents:
         budget = sha256_hex(BUDGET_KEY.as_bytes()),
         slots = sha256_hex(SLOTS_KEY.as_bytes()),
         watched = sha256_hex(WATCHED_KEY.as_bytes()),
+        streaky = sha256_hex(STREAKY_KEY.as_bytes()),
     )
 }
 
@@ -421,6 +434,47 @@ fn the_watchdog_counts_a_tasks_steps_across_instances() {
     // Another task is not affected.
     let other = ["-H", "x-agent-task-id: task-watched-2"];
     assert_eq!(chat(&gws[2], WATCHED_KEY, &other).status, 200);
+}
+
+/// Requests of `agent` an instance has logged: it logs a request after
+/// its exchange features (the tool streak's write among them) are done.
+fn logged(gw: &Gateway, agent: &str) -> u64 {
+    let page = curl(&[&gw.admin_url("/metrics")]).text();
+    let series = format!("loopgate_requests_total{{agent=\"{agent}\",");
+    page.lines()
+        .filter(|l| l.starts_with(&series))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
+#[test]
+fn a_tool_failing_a_task_on_every_instance_is_isolated_on_all() {
+    let mock = Mock::start();
+    let redis = Redis::start();
+    let gws = three(&mock, &redis, "");
+    let call = |gw: &Gateway, task: &str, extra: &[&str]| {
+        let url = gw.url("/tools/flaky/status");
+        let (key, task) = (auth(STREAKY_KEY), format!("x-agent-task-id: {task}"));
+        let mut args = vec![url.as_str(), "-m", "20", "-H", &key, "-H", &task];
+        args.extend_from_slice(extra);
+        curl(&args)
+    };
+    // The same failing answer once through each instance: each instance
+    // saw one failure (isolate_after is 3), the shared streak three.
+    for gw in &gws {
+        let r = call(gw, "task-flaky-1", &["-H", "x-mock-status: 503"]);
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert!(eventually(10, || logged(gw, "streaky") == 1), "logged");
+    }
+    let before = received(&mock);
+    for gw in &gws {
+        let r = call(gw, "task-flaky-1", &[]);
+        r.assert_gateway_error(409, "tool_isolated");
+        assert!(r.header("retry-after").is_some());
+    }
+    assert_eq!(received(&mock), before, "no isolated call was sent");
+    // Another task of the agent still reaches the tool.
+    assert_eq!(call(&gws[1], "task-flaky-2", &[]).status, 200);
 }
 
 #[test]

@@ -6,7 +6,9 @@
 //! breaker for a [`Ticket`] before contacting an upstream and reports the
 //! [`Outcome`] once per ticket.
 //!
-//! Agent-loop detection joins this crate with the agent guards.
+//! Agent-loop detection joins this crate with the agent guards: the
+//! fingerprint and the pure step of a task's loop state ([`TaskState`]),
+//! which the gateway keeps in its state store.
 
 pub mod circuit;
 pub mod health;
@@ -17,7 +19,5 @@ pub use circuit::{
     Breaker, BreakerConfig, FailureKind, Outcome, Rejected, Snapshot, State, Ticket, Transition,
 };
 pub use health::Health;
-pub use loops::{
-    fingerprint, FailureStreaks, Fingerprint, LoopConfig, LoopGuard, LoopVerdict, TaskState, Trip,
-};
+pub use loops::{fingerprint, Fingerprint, LoopConfig, LoopVerdict, TaskState, Trip};
 pub use set::BreakerSet;

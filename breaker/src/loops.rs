@@ -15,9 +15,12 @@
 //! repeat is the one refused, so the provider sees only the allowed ones).
 //! Two calls of the same search tool in a 12-step task are two repeats, not
 //! three, and the steps between them break the run.
+//!
+//! A task's ring, trips and cool-down are a [`TaskState`]: a pure step
+//! with the time passed in, encoded to bytes. The gateway keeps one per
+//! task in its state store (`loop:<agent>/<task>`), so replicas sharing a
+//! store judge a task on one ring; nothing here holds tasks itself.
 
-use crate::set::Unknown;
-use loopgate_bounded::{BoundedMap, Partitioned};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
@@ -324,63 +327,6 @@ impl TaskState {
     }
 }
 
-/// Every task's loop state in this process, bounded: at most
-/// [`MAX_TASKS`] tasks, the least recently seen pushed out first and tasks
-/// idle past `idle_ttl` dropped lazily, O(1) per call. (The gateway keeps
-/// task state in its state store; this is the same logic over a local
-/// map.)
-#[derive(Debug)]
-pub struct LoopGuard {
-    tasks: BoundedMap<TaskState>,
-}
-
-/// Most tasks tracked at once by default; the least recently seen go
-/// first.
-pub const MAX_TASKS: usize = 100_000;
-
-impl Default for LoopGuard {
-    fn default() -> Self {
-        LoopGuard::with_capacity(MAX_TASKS)
-    }
-}
-
-impl LoopGuard {
-    pub fn new() -> LoopGuard {
-        LoopGuard::default()
-    }
-
-    /// A guard of at most `capacity` tasks (at least 1).
-    pub fn with_capacity(capacity: usize) -> LoopGuard {
-        LoopGuard {
-            tasks: BoundedMap::new(capacity),
-        }
-    }
-
-    /// Tasks tracked now (every shard locked in turn: not for the request
-    /// path).
-    pub fn len(&self) -> Result<usize, Unknown> {
-        self.tasks.len().map_err(|_| Unknown)
-    }
-
-    pub fn is_empty(&self) -> Result<bool, Unknown> {
-        Ok(self.len()? == 0)
-    }
-
-    /// Judges one request of task `key` with fingerprint `fp` at `now`.
-    /// `Err` means the state could not be read: the caller denies.
-    pub fn check(
-        &self,
-        key: &str,
-        fp: Fingerprint,
-        cfg: &LoopConfig,
-        now: Duration,
-    ) -> Result<LoopVerdict, Unknown> {
-        let mut shard = self.tasks.shard(key).map_err(|_| Unknown)?;
-        shard.expire(|t| now.saturating_sub(t.last_seen) >= cfg.idle_ttl);
-        Ok(shard.touch(key, TaskState::default).step(fp, cfg, now))
-    }
-}
-
 fn hex8(fp: &Fingerprint) -> String {
     fp[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -549,51 +495,135 @@ mod tests {
         );
     }
 
+    /// Tasks' loop states by key, each stepped by the pure
+    /// [`TaskState::step`] (as the store holds them, without its bounds).
+    #[derive(Default)]
+    struct Tasks(std::collections::HashMap<String, TaskState>);
+
+    impl Tasks {
+        fn check(
+            &mut self,
+            key: &str,
+            fp: Fingerprint,
+            cfg: &LoopConfig,
+            now: Duration,
+        ) -> LoopVerdict {
+            self.0
+                .entry(key.to_string())
+                .or_default()
+                .step(fp, cfg, now)
+        }
+    }
+
+    /// Loop rings kept in a memory store as the gateway keeps them: a
+    /// `loop:<agent>/<task>` record each, stepped by `step_record`.
+    struct Stored {
+        store: loopgate_policy::MemoryStore,
+    }
+
+    impl Stored {
+        fn check(
+            &self,
+            key: &str,
+            fp: Fingerprint,
+            cfg: &LoopConfig,
+            now: Duration,
+        ) -> LoopVerdict {
+            let clock = loopgate_policy::ManualClock::default();
+            clock.set(now);
+            let step = |task: Option<TaskState>, now| {
+                let mut task = task.unwrap_or_default();
+                let verdict = task.step(fp, cfg, now);
+                (Some(task.encode()), verdict)
+            };
+            let ttl = cfg.idle_ttl.max(cfg.max_cooldown);
+            let key = format!("loop:{key}");
+            let stepped = loopgate_policy::step_record(
+                &self.store,
+                &clock,
+                &key,
+                ttl,
+                TaskState::decode,
+                step,
+            );
+            ready(stepped).expect("the memory store answers")
+        }
+
+        fn len(&self) -> usize {
+            self.store.records_len().unwrap()
+        }
+    }
+
+    /// The output of `f`, ready at its first poll (the memory store never
+    /// waits).
+    fn ready<F: std::future::Future>(f: F) -> F::Output {
+        use std::task::{Context, Poll, Waker};
+        let mut f = std::pin::pin!(f);
+        match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(v) => v,
+            Poll::Pending => panic!("the future waited"),
+        }
+    }
+
     #[test]
-    fn task_state_stays_within_its_capacity_in_constant_time_per_task() {
-        let g = LoopGuard::with_capacity(MAX_TASKS);
+    fn stored_rings_stay_within_the_agents_bound_in_constant_time_per_task() {
+        const CAPACITY: usize = 100_000;
+        let g = Stored {
+            store: loopgate_policy::MemoryStore::with_record_capacity(CAPACITY),
+        };
         let cfg = LoopConfig::default();
         let t0 = std::time::Instant::now();
-        for i in 0..(3 * MAX_TASKS) as u32 {
-            g.check(&format!("agent/task-{i}"), [1; 32], &cfg, S)
-                .unwrap();
+        for i in 0..(3 * CAPACITY) as u32 {
+            g.check(&format!("agent/task-{i}"), [1; 32], &cfg, S);
         }
         // Printed, not judged: a full map costs no more per new task than an
         // empty one (the old map scanned every task once full).
         println!(
             "loop guard: {} new tasks in {:?}",
-            3 * MAX_TASKS,
+            3 * CAPACITY,
             t0.elapsed()
         );
-        assert_eq!(g.len().unwrap(), MAX_TASKS);
+        assert_eq!(g.len(), CAPACITY);
         // The most recent task kept its ring: its second repeat is counted.
-        let last = format!("agent/task-{}", 3 * MAX_TASKS - 1);
-        g.check(&last, [1; 32], &cfg, S).unwrap();
+        let last = format!("agent/task-{}", 3 * CAPACITY - 1);
+        g.check(&last, [1; 32], &cfg, S);
         assert!(matches!(
-            g.check(&last, [1; 32], &cfg, S).unwrap(),
+            g.check(&last, [1; 32], &cfg, S),
             LoopVerdict::Tripped(_)
         ));
     }
 
     #[test]
-    fn idle_tasks_are_dropped_lazily() {
-        let g = LoopGuard::with_capacity(10);
+    fn idle_tasks_are_dropped_lazily_and_start_over() {
+        let g = Stored {
+            store: loopgate_policy::MemoryStore::with_record_capacity(10),
+        };
         let cfg = LoopConfig::default();
+        let ttl = cfg.idle_ttl.max(cfg.max_cooldown);
         for i in 0..5 {
-            g.check(&format!("t{i}"), [1; 32], &cfg, S).unwrap();
+            g.check(&format!("ag/t{i}"), [1; 32], &cfg, S);
         }
-        g.check("late", [1; 32], &cfg, cfg.idle_ttl + S).unwrap();
-        assert_eq!(g.len().unwrap(), 1);
+        g.check("ag/late", [1; 32], &cfg, ttl + S);
+        assert_eq!(g.len(), 1);
+        // Idle past idle_ttl, a ring is forgotten even where it is still
+        // kept: two repeats before the gap and one after are no loop.
+        let mut t = TaskState::default();
+        t.step([1; 32], &cfg, S);
+        t.step([1; 32], &cfg, 2 * S);
+        assert_eq!(
+            t.step([1; 32], &cfg, cfg.idle_ttl + 2 * S),
+            LoopVerdict::Allow
+        );
     }
 
     #[test]
     fn a_twelve_step_task_calling_one_tool_twice_is_not_a_loop() {
-        let g = LoopGuard::new();
+        let mut g = Tasks::default();
         let cfg = LoopConfig::default();
         let steps = [1u8, 2, 3, 4, 5, 4, 6, 7, 8, 9, 10, 11];
         for (i, s) in steps.iter().enumerate() {
             assert_eq!(
-                g.check("t", [*s; 32], &cfg, S * i as u32).unwrap(),
+                g.check("t", [*s; 32], &cfg, S * i as u32),
                 LoopVerdict::Allow,
                 "step {i}"
             );
@@ -602,14 +632,11 @@ mod tests {
 
     #[test]
     fn trips_on_the_third_repeat_then_cools_down_with_backoff_and_recovers() {
-        let g = LoopGuard::new();
+        let mut g = Tasks::default();
         let cfg = LoopConfig::default();
-        assert_eq!(g.check("t", [7; 32], &cfg, S).unwrap(), LoopVerdict::Allow);
-        assert_eq!(
-            g.check("t", [7; 32], &cfg, 2 * S).unwrap(),
-            LoopVerdict::Allow
-        );
-        let LoopVerdict::Tripped(trip) = g.check("t", [7; 32], &cfg, 3 * S).unwrap() else {
+        assert_eq!(g.check("t", [7; 32], &cfg, S), LoopVerdict::Allow);
+        assert_eq!(g.check("t", [7; 32], &cfg, 2 * S), LoopVerdict::Allow);
+        let LoopVerdict::Tripped(trip) = g.check("t", [7; 32], &cfg, 3 * S) else {
             panic!()
         };
         assert_eq!(
@@ -617,40 +644,31 @@ mod tests {
             (1, 1, 30 * S, 3)
         );
         assert_eq!(
-            g.check("t", [8; 32], &cfg, 10 * S).unwrap(),
+            g.check("t", [8; 32], &cfg, 10 * S),
             LoopVerdict::CoolingDown {
                 retry_after: 23 * S
             }
         );
         // Other tasks are unaffected.
-        assert_eq!(
-            g.check("u", [7; 32], &cfg, 10 * S).unwrap(),
-            LoopVerdict::Allow
-        );
+        assert_eq!(g.check("u", [7; 32], &cfg, 10 * S), LoopVerdict::Allow);
         // After the cool-down a trial request passes; looping again doubles it.
-        assert_eq!(
-            g.check("t", [7; 32], &cfg, 33 * S).unwrap(),
-            LoopVerdict::Allow
-        );
-        assert_eq!(
-            g.check("t", [7; 32], &cfg, 34 * S).unwrap(),
-            LoopVerdict::Allow
-        );
-        let LoopVerdict::Tripped(trip) = g.check("t", [7; 32], &cfg, 35 * S).unwrap() else {
+        assert_eq!(g.check("t", [7; 32], &cfg, 33 * S), LoopVerdict::Allow);
+        assert_eq!(g.check("t", [7; 32], &cfg, 34 * S), LoopVerdict::Allow);
+        let LoopVerdict::Tripped(trip) = g.check("t", [7; 32], &cfg, 35 * S) else {
             panic!()
         };
         assert_eq!((trip.trips, trip.cooldown), (2, 60 * S));
         // After that cool-down, clear_after clean requests reset the back-off.
         for i in 0..5u8 {
             assert_eq!(
-                g.check("t", [20 + i; 32], &cfg, 100 * S).unwrap(),
+                g.check("t", [20 + i; 32], &cfg, 100 * S),
                 LoopVerdict::Allow
             );
         }
         for _ in 0..2 {
-            g.check("t", [9; 32], &cfg, 101 * S).unwrap();
+            g.check("t", [9; 32], &cfg, 101 * S);
         }
-        let LoopVerdict::Tripped(trip) = g.check("t", [9; 32], &cfg, 102 * S).unwrap() else {
+        let LoopVerdict::Tripped(trip) = g.check("t", [9; 32], &cfg, 102 * S) else {
             panic!()
         };
         assert_eq!((trip.trips, trip.cooldown), (1, 30 * S));
@@ -680,7 +698,7 @@ mod tests {
 
     #[test]
     fn backoff_is_capped() {
-        let g = LoopGuard::new();
+        let mut g = Tasks::default();
         let cfg = LoopConfig {
             cooldown: 30 * S,
             max_cooldown: 100 * S,
@@ -690,184 +708,13 @@ mod tests {
         let mut last = Duration::ZERO;
         for _ in 0..5 {
             for _ in 0..2 {
-                g.check("t", [1; 32], &cfg, now).unwrap();
+                g.check("t", [1; 32], &cfg, now);
             }
-            if let LoopVerdict::Tripped(t) = g.check("t", [1; 32], &cfg, now).unwrap() {
+            if let LoopVerdict::Tripped(t) = g.check("t", [1; 32], &cfg, now) {
                 last = t.cooldown;
                 now += t.cooldown;
             }
         }
         assert_eq!(last, 100 * S);
-    }
-}
-
-/// Per task and tool: the same failing answer again and again isolates the
-/// tool for that task for a while, so the task stops hammering it (through
-/// this route or another). Bounded like [`LoopGuard`]: at most
-/// [`MAX_TASKS`] streaks, least recently seen out first, those idle for an
-/// hour (and not isolated) dropped lazily; O(1) per call.
-///
-/// Keys are `agent/task/tool`: each agent has its own bound, so one
-/// agent's fresh task ids push out only its own streaks.
-#[derive(Debug)]
-pub struct FailureStreaks {
-    streaks: Partitioned<Streak>,
-}
-
-/// A streak not touched for this long is forgotten (once its isolation,
-/// if any, has ended).
-const STREAK_IDLE: Duration = Duration::from_secs(3600);
-
-#[derive(Debug, Default)]
-struct Streak {
-    signature: u64,
-    count: u32,
-    isolated_until: Option<Duration>,
-    last_seen: Duration,
-}
-
-impl Default for FailureStreaks {
-    fn default() -> Self {
-        FailureStreaks::with_capacity(MAX_TASKS)
-    }
-}
-
-impl FailureStreaks {
-    pub fn new() -> FailureStreaks {
-        FailureStreaks::default()
-    }
-
-    /// At most `capacity` streaks (at least 1) per agent.
-    pub fn with_capacity(capacity: usize) -> FailureStreaks {
-        FailureStreaks {
-            streaks: Partitioned::new(capacity),
-        }
-    }
-
-    /// Streaks kept now (every shard locked in turn: not for the request
-    /// path).
-    pub fn len(&self) -> Result<usize, Unknown> {
-        self.streaks.len().map_err(|_| Unknown)
-    }
-
-    pub fn is_empty(&self) -> Result<bool, Unknown> {
-        Ok(self.len()? == 0)
-    }
-
-    /// `Some(retry_after)` while `key` is isolated.
-    pub fn isolated(&self, key: &str, now: Duration) -> Result<Option<Duration>, Unknown> {
-        let Some(owner) = self.streaks.existing(key).map_err(|_| Unknown)? else {
-            return Ok(None);
-        };
-        let mut shard = owner.shard(key).map_err(|_| Unknown)?;
-        let isolated = shard
-            .peek_mut(key)
-            .and_then(|s| s.isolated_until)
-            .filter(|u| *u > now)
-            .map(|u| u - now);
-        Ok(isolated)
-    }
-
-    /// Records an answer: `Some(signature)` for a failure (same signature =
-    /// same failing answer), `None` for a success. Returns true when this
-    /// failure isolated the tool.
-    pub fn record(
-        &self,
-        key: &str,
-        failure: Option<u64>,
-        threshold: u32,
-        cooldown: Duration,
-        now: Duration,
-    ) -> bool {
-        let Ok(owner) = self.streaks.of(key) else {
-            return false;
-        };
-        let Ok(mut shard) = owner.shard(key) else {
-            return false;
-        };
-        shard.expire(|s| {
-            now.saturating_sub(s.last_seen) >= STREAK_IDLE
-                && s.isolated_until.is_none_or(|u| u <= now)
-        });
-        let s = shard.touch(key, Streak::default);
-        s.last_seen = now;
-        match failure {
-            None => {
-                s.count = 0;
-                false
-            }
-            Some(sig) => {
-                if s.count > 0 && s.signature == sig {
-                    s.count += 1;
-                } else {
-                    s.signature = sig;
-                    s.count = 1;
-                }
-                if s.count >= threshold {
-                    s.count = 0;
-                    s.isolated_until = Some(now + cooldown);
-                    true
-                } else {
-                    false
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod streak_tests {
-    use super::*;
-
-    const S: Duration = Duration::from_secs(1);
-
-    #[test]
-    fn the_same_failure_three_times_isolates_until_the_cooldown_ends() {
-        let f = FailureStreaks::new();
-        assert!(!f.record("t/tool", Some(500), 3, 30 * S, S));
-        assert!(!f.record("t/tool", Some(500), 3, 30 * S, S));
-        assert_eq!(f.isolated("t/tool", S).unwrap(), None);
-        assert!(f.record("t/tool", Some(500), 3, 30 * S, 2 * S));
-        assert_eq!(f.isolated("t/tool", 12 * S).unwrap(), Some(20 * S));
-        assert_eq!(f.isolated("t/other", 12 * S).unwrap(), None);
-        assert_eq!(f.isolated("t/tool", 32 * S).unwrap(), None);
-    }
-
-    #[test]
-    fn streaks_stay_within_their_capacity_and_the_most_recent_are_kept() {
-        let f = FailureStreaks::with_capacity(1000);
-        f.record("victim/t/tool", Some(500), 1, 30 * S, S);
-        for i in 0..100_000u64 {
-            f.record(&format!("ag/t{i}/tool"), Some(500), 2, 30 * S, S);
-        }
-        assert_eq!(f.len().unwrap(), 1001);
-        assert!(f.record("ag/t99999/tool", Some(500), 2, 30 * S, S));
-        assert_eq!(f.isolated("ag/t99999/tool", S).unwrap(), Some(30 * S));
-        // Another agent's flood left this agent's isolation in place.
-        assert_eq!(f.isolated("victim/t/tool", S).unwrap(), Some(30 * S));
-    }
-
-    #[test]
-    fn idle_streaks_go_but_an_isolation_outlives_the_idle_time() {
-        let f = FailureStreaks::with_capacity(1000);
-        let hour = 3600 * S;
-        f.record("ag/idle", Some(1), 3, S, S);
-        f.record("ag/held", Some(1), 1, 3 * hour, S);
-        // Another key's call, past the idle time, drops the idle streak
-        // (lazily, from the least recent end) but not the isolation.
-        f.record("ag/other", None, 3, S, 2 * hour);
-        assert_eq!(f.len().unwrap(), 2);
-        assert_eq!(f.isolated("ag/held", 2 * hour).unwrap(), Some(hour + S));
-    }
-
-    #[test]
-    fn different_failures_or_a_success_break_the_streak() {
-        let f = FailureStreaks::new();
-        f.record("k", Some(500), 3, S, S);
-        f.record("k", Some(502), 3, S, S);
-        assert!(!f.record("k", Some(500), 3, S, S));
-        f.record("k", None, 3, S, S);
-        f.record("k", Some(500), 3, S, S);
-        assert!(!f.record("k", Some(500), 3, S, S));
     }
 }

@@ -6,10 +6,12 @@
 //! from earlier runs) and a base time `t0`; time moves only through the
 //! `now` argument, so stores must judge by it, not by their own clocks.
 
+use crate::clock::ManualClock;
 use crate::store::{
-    slice_end, slice_of, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Refusal, SlotTake,
-    StateStore, WindowTake,
+    slice_end, slice_of, step_record, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Refusal,
+    SlotTake, StateStore, WindowTake,
 };
+use crate::streak::{Streak, IDLE};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,6 +56,92 @@ pub async fn run_all(store: Arc<dyn StateStore>, prefix: &str, t0: Duration) {
     idempotency_records(&*store, &format!("{prefix}i1:"), t0).await;
     concurrent_admissions_never_exceed(store.clone(), &format!("{prefix}c1:"), t0).await;
     records_swap_only_from_the_version_read(&*store, &format!("{prefix}r1:"), t0).await;
+    streaks_count_every_failure_once(&*store, &format!("{prefix}r2:"), t0).await;
+}
+
+/// One answer of a task's tool, stepped into its streak record as the
+/// gateway does it; whether it isolated the tool.
+async fn streak_answer(
+    store: &dyn StateStore,
+    clock: &ManualClock,
+    key: &str,
+    failure: Option<u64>,
+    threshold: u32,
+    cooldown: Duration,
+) -> bool {
+    let step = |s, now| {
+        let (next, isolated) = Streak::step(s, failure, threshold, cooldown, now);
+        (next.map(|s| s.encode()), isolated)
+    };
+    let ttl = Streak::ttl(cooldown);
+    step_record(store, clock, key, ttl, Streak::decode, step)
+        .await
+        .expect("store answers")
+}
+
+async fn streak_of(store: &dyn StateStore, key: &str, now: Duration) -> Option<Streak> {
+    let record = store.record_get(now, key).await.expect("store answers");
+    record.and_then(|(_, bytes)| Streak::decode(&bytes))
+}
+
+/// Tool failure streaks stepped through the store as replicas step them:
+/// concurrent failures of one task's tool each count once, so the row
+/// isolates at exactly its threshold and every reader sees it; a success
+/// without a streak writes nothing; a streak is kept for its TTL, and an
+/// isolation longer than the idle time for all of it.
+pub async fn streaks_count_every_failure_once(store: &dyn StateStore, p: &str, t0: Duration) {
+    // Each writer loses at most one race to each other: within STEP_TRIES.
+    const WRITERS: u32 = 5;
+    let cooldown = Duration::from_secs(30);
+    let clock = ManualClock::default();
+    clock.set(t0);
+    let key = format!("{p}streak:ag/t1/tool");
+    let answers = (0..WRITERS)
+        .map(|_| streak_answer(store, &clock, &key, Some(503), WRITERS, cooldown))
+        .collect();
+    let isolated = join_all(answers).await;
+    assert_eq!(
+        isolated.iter().filter(|i| **i).count(),
+        1,
+        "the threshold-th failure isolates, once: {isolated:?}"
+    );
+    let streak = streak_of(store, &key, t0).await.expect("written");
+    assert_eq!(streak.isolated(t0), Some(cooldown));
+    // Another tool, another task: no streak at all.
+    assert_eq!(
+        streak_of(store, &format!("{p}streak:ag/t1/other"), t0).await,
+        None
+    );
+    let fresh = format!("{p}streak:ag/t2/tool");
+    assert!(!streak_answer(store, &clock, &fresh, None, WRITERS, cooldown).await);
+    assert_eq!(
+        store.record_get(t0, &fresh).await.unwrap(),
+        None,
+        "no write"
+    );
+    // After the cool-down the row starts again from one.
+    let later = t0 + cooldown;
+    clock.set(later);
+    assert_eq!(
+        streak_of(store, &key, later).await.unwrap().isolated(later),
+        None
+    );
+    assert!(!streak_answer(store, &clock, &key, Some(503), WRITERS, cooldown).await);
+    assert_eq!(streak_of(store, &key, later).await.unwrap().count(), 1);
+    // Idle for the TTL: forgotten.
+    assert_eq!(Streak::ttl(cooldown), IDLE);
+    assert_eq!(streak_of(store, &key, later + IDLE).await, None);
+    // An isolation longer than the idle time is kept through it.
+    let held = format!("{p}streak:ag/t3/tool");
+    let long = 2 * IDLE;
+    assert!(streak_answer(store, &clock, &held, Some(500), 1, long).await);
+    let past_idle = later + IDLE + Duration::from_secs(1);
+    let streak = streak_of(store, &held, past_idle).await.expect("kept");
+    assert_eq!(
+        streak.isolated(past_idle),
+        Some(IDLE - Duration::from_secs(1))
+    );
+    assert_eq!(streak_of(store, &held, later + long).await, None);
 }
 
 /// Versioned records: a swap from a stale version fails, expiry forgets.

@@ -42,6 +42,7 @@ pub mod phrases;
 pub mod rewrite;
 pub mod rules;
 pub mod store;
+pub mod streak;
 pub mod uri;
 pub mod usage;
 pub mod watchdog;
@@ -57,8 +58,26 @@ pub use phrases::PhraseMatcher;
 pub use rewrite::replace_model;
 pub use rules::{AgentKeys, AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, Verdict};
 pub use store::{
-    slice_end, slice_of, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease, MemoryStore,
-    Refusal, SlotTake, StateStore, StoreError, WindowTake, MAX_SESSIONS, SESSION_PREFIX, SLICES,
+    slice_end, slice_of, step_record, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease,
+    MemoryStore, Refusal, SlotTake, StateStore, StepError, StoreError, WindowTake, MAX_RECORDS,
+    MAX_SESSIONS, SESSION_PREFIX, SLICES,
 };
+pub use streak::Streak;
 pub use usage::{Usage, UsageScanner};
-pub use watchdog::{Level, Reading, RedAction, Thresholds, Watchdog, WatchdogConfig};
+pub use watchdog::{Level, Reading, RedAction, Thresholds, WatchdogConfig};
+
+/// Drives a future that never waits (the memory store's) in a test.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    /// The output of `f`, which must be ready at its first poll.
+    pub fn ready<F: Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(v) => v,
+            Poll::Pending => panic!("the future waited"),
+        }
+    }
+}

@@ -1,12 +1,16 @@
 //! Shared limit state behind one small interface.
 //!
 //! Everything several gateway replicas must agree on (request and token
-//! windows, in-flight slots; later budgets, breaker states, loop rings)
-//! goes through [`StateStore`]. One call, [`StateStore::admit`], checks and
-//! takes every limit that applies to a request atomically: all of them or
-//! none, so a request refused by its token limit does not use up a request
-//! slot, and a networked store needs one round trip per admission.
-//! [`MemoryStore`] is the embedded default for a single instance.
+//! windows and budgets, in-flight slots, idempotency records, and the
+//! per-task records of the guards: loop rings, watchdog counts, tool
+//! failure streaks, MCP session bindings) goes through [`StateStore`]. One
+//! call, [`StateStore::admit`], checks and takes every limit that applies
+//! to a request atomically: all of them or none, so a request refused by
+//! its token limit does not use up a request slot, and a networked store
+//! needs one round trip per admission. A record changes only through
+//! [`step_record`]: a pure step over its decoded value, written back by
+//! compare-and-swap. [`MemoryStore`] is the embedded default for a single
+//! instance; it bounds each kind of record per agent.
 //!
 //! Windows are sliding windows kept in [`SLICES`] slices: a cost admitted at
 //! time `t` counts until the end of its slice plus `window`, never less, so
@@ -19,6 +23,7 @@
 //! of every admission held a day's requests for a daily budget: ~32 bytes
 //! each here, and every member in Redis.)
 
+use crate::clock::Clock;
 use async_trait::async_trait;
 use loopgate_bounded::Partitioned;
 use std::collections::VecDeque;
@@ -232,9 +237,11 @@ pub trait StateStore: Send + Sync + fmt::Debug {
         self.release(lease).await.and(result)
     }
 
-    /// A small versioned record (a task's loop ring): its version and bytes.
-    /// Read-modify-write goes through [`StateStore::record_swap`], so the
-    /// logic that changes a record lives in Rust, once, for every store.
+    /// A small versioned record (a task's loop ring, watchdog count, tool
+    /// streak; an MCP session binding): its version and bytes.
+    /// Read-modify-write goes through [`StateStore::record_swap`] (see
+    /// [`step_record`]), so the logic that changes a record lives in Rust,
+    /// once, for every store.
     async fn record_get(
         &self,
         now: Duration,
@@ -252,6 +259,54 @@ pub trait StateStore: Send + Sync + fmt::Debug {
         value: Vec<u8>,
         ttl: Duration,
     ) -> Result<bool, StoreError>;
+}
+
+/// Why [`step_record`] could not step a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepError {
+    /// The store could not answer.
+    Store(StoreError),
+    /// Every try lost the race to another writer of the same record.
+    Contended,
+}
+
+/// How many times [`step_record`] reads again after losing a race.
+pub const STEP_TRIES: usize = 8;
+
+/// Runs one step on a record (a task's loop ring, watchdog count, tool
+/// streak) in `store`: read, step (a pure function of the decoded state,
+/// `None` if there is none, and the time; it returns the new bytes,
+/// `None` to leave the record alone, and a verdict), write back if nobody
+/// else wrote since (a request of the same task on another replica); else
+/// read again, at most [`STEP_TRIES`] times. Bytes that do not decode
+/// count as no state. The one read-modify-write every record goes
+/// through, whatever the store.
+pub async fn step_record<T, V>(
+    store: &dyn StateStore,
+    clock: &dyn Clock,
+    key: &str,
+    ttl: Duration,
+    decode: fn(&[u8]) -> Option<T>,
+    mut step: impl FnMut(Option<T>, Duration) -> (Option<Vec<u8>>, V),
+) -> Result<V, StepError> {
+    for _ in 0..STEP_TRIES {
+        let now = clock.now();
+        let (version, state) = match store.record_get(now, key).await {
+            Ok(Some((v, bytes))) => (Some(v), decode(&bytes)),
+            Ok(None) => (None, None),
+            Err(e) => return Err(StepError::Store(e)),
+        };
+        let (bytes, verdict) = step(state, now);
+        let Some(bytes) = bytes else {
+            return Ok(verdict);
+        };
+        match store.record_swap(now, key, version, bytes, ttl).await {
+            Ok(true) => return Ok(verdict),
+            Ok(false) => continue, // another writer got there first
+            Err(e) => return Err(StepError::Store(e)),
+        }
+    }
+    Err(StepError::Contended)
 }
 
 /// How many slices a window is kept in.
@@ -399,8 +454,11 @@ struct Inner {
 
 const SWEEP_EVERY: u64 = 1024;
 
-/// Most records (loop rings, one per task) the memory store keeps for one
-/// owner (see [`StateStore::record_get`]); past it the owner's least
+/// Most records the memory store keeps for one owner (see
+/// [`StateStore::record_get`]), by default: a key's owner is its text up
+/// to the first `/`, so each kind of record of each agent (`loop:<agent>`
+/// rings, `watch:<agent>` counts, `streak:<agent>` tool streaks) has its
+/// own bound (`state.tasks_per_agent`). Past it the owner's least
 /// recently written goes first, in O(1), never another owner's. About 450
 /// bytes each with a default ring: some 45 MB for an agent at its bound.
 pub const MAX_RECORDS: usize = 100_000;
@@ -793,6 +851,38 @@ mod tests {
             swap(later, &format!("loop:ag/late-{i}"), None, &[2]);
         }
         assert_eq!(s.records_len().unwrap(), 201);
+    }
+
+    #[test]
+    fn a_poisoned_record_shard_is_an_error_not_a_panic() {
+        use crate::test_support::ready;
+        let s = Arc::new(MemoryStore::new());
+        let (t, ttl) = (Duration::from_secs(1), Duration::from_secs(60));
+        let key = "watch:ag/t";
+        assert!(ready(s.record_swap(t, key, None, b"a".to_vec(), ttl)).unwrap());
+        let s2 = s.clone();
+        let _ = std::thread::spawn(move || {
+            let owner = s2.records.of(key).unwrap();
+            let _held = owner.shard(key).unwrap();
+            panic!("poison the shard");
+        })
+        .join();
+        assert_eq!(ready(s.record_get(t, key)), Err(records_poisoned()));
+        assert_eq!(
+            ready(s.record_swap(t, key, None, b"b".to_vec(), ttl)),
+            Err(records_poisoned())
+        );
+        assert!(s.records_len().is_err());
+        // A step reports the store's error (the gateway's fail mode decides).
+        let clock = crate::ManualClock::default();
+        let step = |_: Option<Vec<u8>>, _| (Some(vec![1]), ());
+        let decode = |b: &[u8]| Some(b.to_vec());
+        assert_eq!(
+            ready(step_record(&*s, &clock, key, ttl, decode, step)),
+            Err(StepError::Store(records_poisoned()))
+        );
+        // Another owner's records are not affected.
+        assert!(ready(s.record_swap(t, "watch:other/t", None, b"c".to_vec(), ttl)).unwrap());
     }
 
     #[test]

@@ -3,14 +3,9 @@
 //! task budget used. Green passes; yellow passes with a warning; red applies
 //! the configured action (degrade to a cheaper model, or stop the task).
 
-use crate::store::StoreError;
-use loopgate_bounded::Partitioned;
 use std::time::Duration;
 
 const ALPHA: f64 = 0.3;
-/// Most tasks watched at once for one agent, by default; that agent's
-/// least recently seen go first, never another agent's.
-pub const MAX_TASKS: usize = 100_000;
 
 /// Limits for one level; any one reached puts the task at that level.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -117,8 +112,9 @@ impl Window {
 /// encoded; with the map's own share (the key's bytes plus about 64, see
 /// [`loopgate_bounded`]) about 300 bytes a task, some 30 MB at the default
 /// 100,000 tasks of an agent. The gateway keeps it in its state store
-/// (encoded, so replicas sharing a store count a task together); the
-/// [`Watchdog`] below keeps it in this process.
+/// (`watch:<agent>/<task>`, encoded, so replicas sharing a store count a
+/// task together), stepping it with [`crate::store::step_record`]; the
+/// memory store bounds how many one agent has.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TaskState {
     calls: Window,
@@ -176,11 +172,6 @@ impl TaskState {
         self.ema_ms = Some(self.ema_ms.map_or(ms, |e| e + ALPHA * (ms - e)));
     }
 
-    /// Records the share of the task budget used.
-    pub fn budget_used(&mut self, used: f64) {
-        self.budget_used = Some(used);
-    }
-
     /// Fixed little-endian layout: the 61 per-second counters (u16), the
     /// window's head second (u64) and total (u32), steps (u64), the
     /// latency EMA and budget share (f64 bits, NaN for none), last-seen
@@ -230,27 +221,6 @@ impl TaskState {
     }
 }
 
-/// Per-task state, bounded per agent: at most `capacity` tasks of each
-/// agent (default [`MAX_TASKS`]; task keys are `agent/task`), the agent's
-/// least recently called pushed out first, so one agent's fresh task ids
-/// never push out another agent's tasks; tasks idle past the config's
-/// `idle_ttl` dropped lazily. O(1) per call, sharded so tasks mostly do
-/// not wait for each other.
-#[derive(Debug)]
-pub struct Watchdog {
-    tasks: Partitioned<TaskState>,
-}
-
-impl Default for Watchdog {
-    fn default() -> Self {
-        Watchdog::with_capacity(MAX_TASKS)
-    }
-}
-
-fn poisoned() -> StoreError {
-    StoreError("watchdog state poisoned".into())
-}
-
 fn reached(
     t: &Thresholds,
     calls: u32,
@@ -281,71 +251,12 @@ fn reached(
     None
 }
 
-impl Watchdog {
-    pub fn new() -> Watchdog {
-        Watchdog::default()
-    }
-
-    /// A watchdog of at most `capacity` tasks (at least 1) per agent.
-    pub fn with_capacity(capacity: usize) -> Watchdog {
-        Watchdog {
-            tasks: Partitioned::new(capacity),
-        }
-    }
-
-    /// Tasks watched now (each shard locked in turn: not for the request
-    /// path).
-    pub fn len(&self) -> Result<usize, StoreError> {
-        self.tasks.len().map_err(|_| poisoned())
-    }
-
-    pub fn is_empty(&self) -> Result<bool, StoreError> {
-        Ok(self.len()? == 0)
-    }
-
-    /// Counts one call of task `key` at `now` and judges it. `Err`: the
-    /// state could not be read (the caller denies).
-    pub fn call(
-        &self,
-        key: &str,
-        cfg: &WatchdogConfig,
-        now: Duration,
-    ) -> Result<Reading, StoreError> {
-        let owner = self.tasks.of(key).map_err(|_| poisoned())?;
-        let mut tasks = owner.shard(key).map_err(|_| poisoned())?;
-        let idle = |t: &TaskState| now.saturating_sub(t.last_seen) >= cfg.idle_ttl;
-        tasks.expire(idle);
-        Ok(tasks.touch(key, TaskState::default).step(cfg, now, None))
-    }
-
-    /// Records a finished call's latency into the task's EMA.
-    pub fn latency(&self, key: &str, latency: Duration) {
-        let Ok(Some(owner)) = self.tasks.existing(key) else {
-            return;
-        };
-        if let Ok(mut tasks) = owner.shard(key) {
-            if let Some(t) = tasks.peek_mut(key) {
-                t.latency(latency);
-            }
-        };
-    }
-
-    /// Records the share of the task budget used, as of the last admission.
-    pub fn budget_used(&self, key: &str, used: f64) {
-        let Ok(Some(owner)) = self.tasks.existing(key) else {
-            return;
-        };
-        if let Ok(mut tasks) = owner.shard(key) {
-            if let Some(t) = tasks.peek_mut(key) {
-                t.budget_used(used);
-            }
-        };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{step_record, MemoryStore, StateStore, StepError, MAX_RECORDS};
+    use crate::test_support::ready;
+    use crate::ManualClock;
     use std::time::Instant;
 
     const S: Duration = Duration::from_secs(1);
@@ -369,12 +280,58 @@ mod tests {
         }
     }
 
+    /// Tasks watched through a memory store, as the gateway watches them:
+    /// a `watch:<key>` record per task, stepped by `step_record`.
+    struct Watched {
+        store: MemoryStore,
+    }
+
+    impl Watched {
+        fn with_capacity(capacity: usize) -> Watched {
+            Watched {
+                store: MemoryStore::with_record_capacity(capacity),
+            }
+        }
+
+        fn call(&self, key: &str, cfg: &WatchdogConfig, now: Duration) -> Reading {
+            self.try_call(key, cfg, now)
+                .expect("the memory store answers")
+        }
+
+        fn try_call(
+            &self,
+            key: &str,
+            cfg: &WatchdogConfig,
+            now: Duration,
+        ) -> Result<Reading, StepError> {
+            let clock = ManualClock::default();
+            clock.set(now);
+            let step = |task: Option<TaskState>, now| {
+                let mut task = task.unwrap_or_default();
+                let reading = task.step(cfg, now, None);
+                (Some(task.encode()), reading)
+            };
+            let key = format!("watch:{key}");
+            let decode = TaskState::decode;
+            ready(step_record(
+                &self.store,
+                &clock,
+                &key,
+                cfg.idle_ttl,
+                decode,
+                step,
+            ))
+        }
+
+        fn len(&self) -> usize {
+            self.store.records_len().unwrap()
+        }
+    }
+
     #[test]
     fn calls_per_minute_walk_through_the_levels_and_age_out() {
-        let w = Watchdog::new();
-        let levels: Vec<Level> = (0..5)
-            .map(|_| w.call("t", &cfg(), S).unwrap().level)
-            .collect();
+        let mut t = TaskState::default();
+        let levels: Vec<Level> = (0..5).map(|_| t.step(&cfg(), S, None).level).collect();
         assert_eq!(
             levels,
             [
@@ -385,7 +342,7 @@ mod tests {
                 Level::Red
             ]
         );
-        let r = w.call("t", &cfg(), 62 * S).unwrap();
+        let r = t.step(&cfg(), 62 * S, None);
         assert_eq!(
             (r.level, r.calls_last_minute, r.steps),
             (Level::Green, 1, 6)
@@ -394,24 +351,23 @@ mod tests {
 
     #[test]
     fn steps_latency_and_budget_count_too() {
-        let w = Watchdog::new();
+        let mut t = TaskState::default();
         for i in 0..9 {
-            assert_eq!(w.call("t", &cfg(), S * 60 * i).unwrap().level, Level::Green);
+            assert_eq!(t.step(&cfg(), S * 60 * i, None).level, Level::Green);
         }
         assert_eq!(
-            w.call("t", &cfg(), 600 * S).unwrap().level,
+            t.step(&cfg(), 600 * S, None).level,
             Level::Yellow,
             "10 steps"
         );
-        let w = Watchdog::new();
-        w.call("u", &cfg(), S).unwrap();
-        w.latency("u", Duration::from_millis(100));
-        w.latency("u", Duration::from_millis(1500)); // EMA 100 + 0.3 * 1400 = 520
-        let r = w.call("u", &cfg(), 100 * S).unwrap();
+        let mut u = TaskState::default();
+        u.step(&cfg(), S, None);
+        u.latency(Duration::from_millis(100));
+        u.latency(Duration::from_millis(1500)); // EMA 100 + 0.3 * 1400 = 520
+        let r = u.step(&cfg(), 100 * S, None);
         assert_eq!(r.level, Level::Yellow);
         assert!((r.latency_ema_ms.unwrap() - 520.0).abs() < 1e-9);
-        w.budget_used("u", 0.95);
-        let r = w.call("u", &cfg(), 200 * S).unwrap();
+        let r = u.step(&cfg(), 200 * S, Some(0.95));
         assert_eq!(r.level, Level::Red);
         assert_eq!(r.reason.as_deref(), Some("budget used 95% >= 90%"));
     }
@@ -424,8 +380,8 @@ mod tests {
             red: Thresholds::default(),
             ..cfg()
         };
-        let w = Watchdog::new();
-        let calls = |at| w.call("t", &cfg, at).unwrap().calls_last_minute;
+        let mut t = TaskState::default();
+        let mut calls = |at| t.step(&cfg, at, None).calls_last_minute;
         assert_eq!(calls(ms(1_500)), 1);
         assert_eq!(calls(ms(1_700)), 2);
         assert_eq!(calls(ms(30_000)), 3);
@@ -447,43 +403,26 @@ mod tests {
         assert_eq!(calls(ms(501_000)), 10_003);
     }
 
-    /// The tasks of agent `ag` in a small watchdog (one shard), least
-    /// recent first, without the `ag/` prefix.
-    fn tasks(w: &Watchdog) -> Vec<String> {
-        w.tasks
-            .of("ag/")
-            .unwrap()
-            .shard("")
-            .unwrap()
-            .iter_lru_first()
-            .map(|(k, _)| k.trim_start_matches("ag/").to_string())
-            .collect()
-    }
-
     #[test]
-    fn a_full_watchdog_forgets_the_least_recently_called_task() {
-        let w = Watchdog::with_capacity(3);
+    fn a_full_store_forgets_the_agents_least_recently_called_task() {
+        let w = Watched::with_capacity(3);
         for (i, k) in ["ag/a", "ag/b", "ag/c", "ag/a"].iter().enumerate() {
-            w.call(k, &cfg(), S * i as u32).unwrap();
+            w.call(k, &cfg(), S * i as u32);
         }
-        // Latency and budget reports do not make a task recent.
-        w.latency("ag/b", Duration::from_millis(10));
-        w.budget_used("ag/b", 0.1);
-        assert_eq!(tasks(&w), ["b", "c", "a"]);
-        w.call("ag/d", &cfg(), 10 * S).unwrap();
-        assert_eq!(tasks(&w), ["c", "a", "d"]);
-        // b starts over; a kept its count.
-        assert_eq!(w.call("ag/b", &cfg(), 11 * S).unwrap().steps, 1);
-        assert_eq!(w.call("ag/a", &cfg(), 12 * S).unwrap().steps, 3);
-        assert_eq!(tasks(&w), ["d", "b", "a"]);
-        assert_eq!(w.len().unwrap(), 3);
+        // d pushes out b, the least recent; b, called again, starts over
+        // and pushes out c; a kept its count.
+        w.call("ag/d", &cfg(), 10 * S);
+        assert_eq!(w.call("ag/b", &cfg(), 11 * S).steps, 1);
+        assert_eq!(w.call("ag/a", &cfg(), 12 * S).steps, 3);
+        assert_eq!(w.call("ag/d", &cfg(), 13 * S).steps, 2);
+        assert_eq!(w.len(), 3);
         // Another agent's tasks take nothing from this one's.
         for i in 0..100 {
-            w.call(&format!("other/t-{i}"), &cfg(), 13 * S).unwrap();
+            w.call(&format!("other/t-{i}"), &cfg(), 13 * S);
         }
-        assert_eq!(tasks(&w), ["d", "b", "a"]);
-        assert_eq!(w.call("ag/a", &cfg(), 14 * S).unwrap().steps, 4);
-        assert_eq!(w.len().unwrap(), 6);
+        assert_eq!(w.call("ag/a", &cfg(), 14 * S).steps, 4);
+        assert_eq!(w.call("ag/b", &cfg(), 14 * S).steps, 2);
+        assert_eq!(w.len(), 6);
     }
 
     #[test]
@@ -492,60 +431,62 @@ mod tests {
             idle_ttl: 100 * S,
             ..cfg()
         };
-        let w = Watchdog::with_capacity(1000);
+        let w = Watched::with_capacity(1000);
         for i in 0..20u32 {
-            w.call(&format!("ag/old-{i}"), &cfg, S).unwrap();
+            w.call(&format!("ag/old-{i}"), &cfg, S);
         }
-        w.call("ag/recent", &cfg, 50 * S).unwrap();
-        // Each call drops at most EXPIRE_PER_CALL idle tasks.
-        w.call("ag/new-0", &cfg, 101 * S).unwrap();
-        assert_eq!(w.len().unwrap(), 21 - loopgate_bounded::EXPIRE_PER_CALL + 1);
-        w.call("ag/new-1", &cfg, 101 * S).unwrap();
-        w.call("ag/new-2", &cfg, 101 * S).unwrap();
-        assert_eq!(tasks(&w), ["recent", "new-0", "new-1", "new-2"]);
-        // An idle task that was not dropped yet starts over when called.
-        let w = Watchdog::with_capacity(10);
-        w.call("ag/t", &cfg, S).unwrap();
-        w.call("ag/u", &cfg, 50 * S).unwrap();
-        assert_eq!(w.call("ag/u", &cfg, 200 * S).unwrap().steps, 1);
+        w.call("ag/recent", &cfg, 50 * S);
+        // Each write drops at most EXPIRE_PER_CALL idle tasks.
+        w.call("ag/new-0", &cfg, 101 * S);
+        assert_eq!(w.len(), 21 - loopgate_bounded::EXPIRE_PER_CALL + 1);
+        w.call("ag/new-1", &cfg, 101 * S);
+        w.call("ag/new-2", &cfg, 101 * S);
+        assert_eq!(w.len(), 4, "recent and new-0..2");
+        assert_eq!(w.call("ag/recent", &cfg, 101 * S).steps, 2);
+        // An idle task starts over when called.
+        w.call("ag/u", &cfg, 150 * S);
+        assert_eq!(w.call("ag/u", &cfg, 300 * S).steps, 1);
+        let mut t = TaskState::default();
+        t.step(&cfg, S, None);
+        assert_eq!(t.step(&cfg, 200 * S, None).steps, 1, "without the store");
     }
 
     #[test]
     fn a_million_task_ids_never_exceed_the_capacity() {
-        let w = Watchdog::new();
+        let w = Watched::with_capacity(MAX_RECORDS);
         let t0 = Instant::now();
         for i in 0..1_000_000u32 {
-            w.call(&format!("agent/task-{i}"), &cfg(), S).unwrap();
+            w.call(&format!("agent/task-{i}"), &cfg(), S);
             if i % 100_000 == 0 {
-                assert!(w.len().unwrap() <= MAX_TASKS);
+                assert!(w.len() <= MAX_RECORDS);
             }
         }
         println!("watchdog: 1,000,000 task ids in {:?}", t0.elapsed());
-        assert_eq!(w.len().unwrap(), MAX_TASKS);
+        assert_eq!(w.len(), MAX_RECORDS);
         assert_eq!(
-            w.call("agent/task-999999", &cfg(), S).unwrap().steps,
+            w.call("agent/task-999999", &cfg(), S).steps,
             2,
             "the newest tasks are kept"
         );
     }
 
     #[test]
-    fn new_tasks_into_a_full_watchdog_cost_no_scan() {
-        let w = Watchdog::new();
-        for i in 0..MAX_TASKS {
-            w.call(&format!("agent/fill-{i}"), &cfg(), S).unwrap();
+    fn new_tasks_into_a_full_store_cost_no_scan() {
+        let w = Watched::with_capacity(MAX_RECORDS);
+        for i in 0..MAX_RECORDS {
+            w.call(&format!("agent/fill-{i}"), &cfg(), S);
         }
         let keys: Vec<String> = (0..200_000).map(|i| format!("agent/new-{i}")).collect();
         let t0 = Instant::now();
         for k in &keys {
-            w.call(k, &cfg(), 2 * S).unwrap();
+            w.call(k, &cfg(), 2 * S);
         }
         let took = t0.elapsed();
         println!(
-            "watchdog: 200,000 new tasks into 100,000 busy ones in {took:?} ({} ns each, debug build)",
+            "watchdog: 200,000 new tasks into 100,000 busy ones in {took:?} ({} ns each)",
             took.as_nanos() / 200_000
         );
-        assert_eq!(w.len().unwrap(), MAX_TASKS);
+        assert_eq!(w.len(), MAX_RECORDS);
     }
 
     #[test]
@@ -613,50 +554,47 @@ mod tests {
     }
 
     #[test]
-    fn a_poisoned_shard_is_an_error_not_a_panic() {
-        let w = std::sync::Arc::new(Watchdog::new());
-        w.call("t", &cfg(), S).unwrap();
-        let w2 = w.clone();
-        let _ = std::thread::spawn(move || {
-            let owner = w2.tasks.of("t").unwrap();
-            let _held = owner.shard("t").unwrap();
-            panic!("poison the shard");
-        })
-        .join();
-        assert_eq!(
-            w.call("t", &cfg(), S),
-            Err(StoreError("watchdog state poisoned".into()))
-        );
-        w.latency("t", S);
-        w.budget_used("t", 0.5);
-        assert!(w.len().is_err());
+    fn undecodable_bytes_in_the_store_count_as_a_new_task() {
+        let w = Watched::with_capacity(10);
+        assert!(ready(
+            w.store
+                .record_swap(S, "watch:ag/t", None, b"junk".to_vec(), 60 * S)
+        )
+        .unwrap());
+        assert_eq!(w.call("ag/t", &cfg(), S).steps, 1);
+        assert_eq!(w.call("ag/t", &cfg(), S).steps, 2);
     }
 
     #[test]
     fn tasks_on_many_threads_keep_their_own_counts() {
-        let w = Watchdog::new();
+        let w = Watched::with_capacity(MAX_RECORDS);
         std::thread::scope(|s| {
             for t in 0..4 {
                 let w = &w;
                 s.spawn(move || {
                     for i in 0..1000u32 {
-                        let r = w.call(&format!("task-{t}"), &cfg(), S * i).unwrap();
+                        let key = format!("task-{t}");
+                        let r = w.try_call(&key, &cfg(), S * i).unwrap();
                         assert_eq!(r.steps, u64::from(i) + 1);
                     }
                 });
             }
         });
-        assert_eq!(w.len().unwrap(), 4);
+        assert_eq!(w.len(), 4);
     }
 }
 
 #[cfg(test)]
 mod measure {
     use super::*;
+    use crate::store::{step_record, MemoryStore};
+    use crate::test_support::ready;
+    use crate::ManualClock;
     use std::time::Instant;
 
-    /// ns per new task id into a watchdog already watching 100,000 busy
-    /// tasks. `NEW_TASKS` (default 200,000) sets how many new ids.
+    /// ns per new task id into a memory store already watching 100,000
+    /// busy tasks, each through `step_record` as the gateway does.
+    /// `NEW_TASKS` (default 200,000) sets how many new ids.
     #[test]
     #[ignore = "measurement; run with --ignored --nocapture"]
     fn ns_per_new_task_at_100k_tasks() {
@@ -671,14 +609,32 @@ mod measure {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(200_000);
-        let w = Watchdog::new();
+        let store = MemoryStore::new();
+        let clock = ManualClock::default();
+        let call = |key: &str, now| {
+            clock.set(now);
+            let step = |task: Option<TaskState>, now| {
+                let mut task = task.unwrap_or_default();
+                let reading = task.step(&cfg, now, None);
+                (Some(task.encode()), reading)
+            };
+            ready(step_record(
+                &store,
+                &clock,
+                key,
+                cfg.idle_ttl,
+                TaskState::decode,
+                step,
+            ))
+            .unwrap();
+        };
         for i in 0..100_000 {
-            w.call(&format!("agent/fill-{i}"), &cfg, s).unwrap();
+            call(&format!("watch:agent/fill-{i}"), s);
         }
-        let keys: Vec<String> = (0..n).map(|i| format!("agent/new-{i}")).collect();
+        let keys: Vec<String> = (0..n).map(|i| format!("watch:agent/new-{i}")).collect();
         let t0 = Instant::now();
         for k in &keys {
-            w.call(k, &cfg, 2 * s).unwrap();
+            call(k, 2 * s);
         }
         let took = t0.elapsed();
         println!(

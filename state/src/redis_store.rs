@@ -12,7 +12,10 @@
 //!   lease is not renewed (its instance died) is dropped by the next
 //!   admission after the expiry; live leases are renewed in the background;
 //! - `i:{key}` hash: an idempotency record, with the record's TTL;
-//! - `r:{key}` hash: a versioned record (a task's loop ring), with its TTL;
+//! - `r:{key}` hash: a versioned record (a task's loop ring
+//!   `loop:<agent>/<task>`, watchdog count `watch:<agent>/<task>`, tool
+//!   streak `streak:<agent>/<task>/<tool>`, an MCP session binding), with
+//!   its TTL; changed only by compare-and-swap (`record_swap.lua`);
 //! - `lease`: the lease id counter (one integer).
 //!
 //! Time is the caller's `now` (epoch-anchored [`SystemClock`]), so the

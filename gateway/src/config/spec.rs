@@ -165,9 +165,10 @@ pub struct StateSpec {
     /// How often open breakers are exchanged (default 250).
     #[serde(default)]
     pub breaker_sync_ms: Option<u64>,
-    /// Tasks one agent's guard state holds (tool isolation in this
-    /// process; loop rings and watchdog steps too with `backend: memory`),
-    /// default 100000: past it the agent's own least recent task goes.
+    /// Tasks one agent's guard state holds with `backend: memory` (loop
+    /// rings, watchdog steps and tool isolation streaks, each kind its own
+    /// bound), default 100000: past it the agent's own least recent task
+    /// goes. Redis keeps them by TTL instead.
     #[serde(default)]
     pub tasks_per_agent: Option<usize>,
     /// Live MCP sessions one agent may hold with `backend: memory`

@@ -18,7 +18,7 @@ pub struct TaskBounds {
 impl Default for TaskBounds {
     fn default() -> Self {
         TaskBounds {
-            tasks_per_agent: loopgate_policy::watchdog::MAX_TASKS,
+            tasks_per_agent: loopgate_policy::MAX_RECORDS,
             sessions_per_agent: loopgate_policy::MAX_SESSIONS,
         }
     }

@@ -304,12 +304,7 @@ async fn task_guards(
         }
     }
     if let Some((streak, _, _)) = &j.isolation {
-        let isolated = env.streaks.isolated(streak, env.clock.now()).map_err(|_| {
-            GatewayError::from(Deny::new(
-                DenyCode::PolicyUnavailable,
-                "tool isolation state unavailable",
-            ))
-        });
+        let isolated = guards::isolated(env, streak).await;
         if let Some(after) = fail.tolerate(isolated)?.flatten() {
             let deny = Deny::new(
                 DenyCode::ToolIsolated,

@@ -1,9 +1,13 @@
-//! Agent guards at admission: the loop guard (with its snapshot files) and
-//! the task watchdog, each keeping a task's state as a record in the state
-//! store (`loop:<agent>/<task>`, `watch:<agent>/<task>`), so replicas
-//! sharing a store judge a task together. They deny with their own codes (`loop_detected`,
-//! `task_stopped`), never with anything that looks like an upstream
-//! timeout, so agents do not retry into them.
+//! Agent guards at admission: the loop guard (with its snapshot files),
+//! the task watchdog and tool isolation, each keeping a task's state as a
+//! record in the state store (`loop:<agent>/<task>`,
+//! `watch:<agent>/<task>`, `streak:<agent>/<task>/<tool>`), stepped by
+//! pure functions through the store's one read-modify-write, so replicas
+//! sharing a store judge a task together. A record the store cannot
+//! answer for is a `state_unavailable` refusal that admission's fail mode
+//! decides on. They deny with their own codes (`loop_detected`,
+//! `task_stopped`, `tool_isolated`), never with anything that looks like
+//! an upstream timeout, so agents do not retry into them.
 
 use super::env::Env;
 use crate::access_log::rfc3339_millis;
@@ -11,7 +15,9 @@ use crate::config::runtime::Guards;
 use crate::error::GatewayError;
 use loopgate_breaker::{fingerprint, LoopConfig, LoopVerdict, TaskState, Trip};
 use loopgate_policy::watchdog::TaskState as WatchState;
-use loopgate_policy::{AgentRules, Deny, DenyCode, Level, RedAction, WatchdogConfig};
+use loopgate_policy::{
+    AgentRules, Deny, DenyCode, Level, RedAction, StepError, Streak, WatchdogConfig,
+};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Judges the task's next call for loops: `what` names the endpoint, tool
@@ -93,47 +99,73 @@ async fn loop_step(
     step_record(env, "loop", &key, ttl, TaskState::decode, step).await
 }
 
-/// Runs one step on a task's record in the state store: read, step (a
-/// pure function of the decoded state, `None` if there is none, and the
-/// time; it returns the new bytes, `None` to leave the record alone, and
-/// a verdict), write back if nobody else wrote since (a request of the
-/// same task on another replica); else read again. Bytes that do not
-/// decode count as no state. `what` names the state in errors.
+/// Runs one step on a task's record in the state store (the store's one
+/// read-modify-write, [`loopgate_policy::step_record`]), with the
+/// refusals admission's fail mode understands: `state_unavailable` when
+/// the store cannot answer, `policy_unavailable` when the record kept
+/// changing under the request. `what` names the state in them.
 async fn step_record<T, V>(
     env: &Env<'_>,
     what: &str,
     key: &str,
     ttl: Duration,
     decode: fn(&[u8]) -> Option<T>,
-    mut step: impl FnMut(Option<T>, Duration) -> (Option<Vec<u8>>, V),
+    step: impl FnMut(Option<T>, Duration) -> (Option<Vec<u8>>, V),
 ) -> Result<V, GatewayError> {
-    let unavailable = |e: loopgate_policy::StoreError| {
-        GatewayError::Denied(Deny::new(
-            DenyCode::StateUnavailable,
-            format!("{what} state unavailable: {}", e.0),
-        ))
+    let stepped = loopgate_policy::step_record(env.store, env.clock, key, ttl, decode, step).await;
+    stepped.map_err(|e| {
+        GatewayError::Denied(match e {
+            StepError::Store(e) => Deny::new(
+                DenyCode::StateUnavailable,
+                format!("{what} state unavailable: {}", e.0),
+            ),
+            StepError::Contended => Deny::new(
+                DenyCode::PolicyUnavailable,
+                format!("{what} state kept changing under this request"),
+            ),
+        })
+    })
+}
+
+/// The store key of a task's failure streak with a tool
+/// (`<agent>/<task>/<tool>`).
+fn streak_key(streak: &str) -> String {
+    format!("streak:{streak}")
+}
+
+/// How long a tool is still isolated for the task, if it is: a read of
+/// the streak record, never a write.
+pub async fn isolated(env: &Env<'_>, streak: &str) -> Result<Option<Duration>, GatewayError> {
+    let read = |s: Option<Streak>, now| (None, s.and_then(|s| s.isolated(now)));
+    // The TTL is never used: this step writes nothing.
+    let ttl = Duration::ZERO;
+    step_record(
+        env,
+        "tool isolation",
+        &streak_key(streak),
+        ttl,
+        Streak::decode,
+        read,
+    )
+    .await
+}
+
+/// Records a tool's answer in the task's streak: `Some(signature)` for a
+/// failure (same signature = same failing answer), `None` for a success.
+/// Returns whether this answer isolated the tool.
+pub async fn record_streak(
+    env: &Env<'_>,
+    streak: &str,
+    failure: Option<u64>,
+    threshold: u32,
+    cooldown: Duration,
+) -> Result<bool, GatewayError> {
+    let step = |s: Option<Streak>, now| {
+        let (next, isolated) = Streak::step(s, failure, threshold, cooldown, now);
+        (next.map(|s| s.encode()), isolated)
     };
-    for _ in 0..8 {
-        let now = env.clock.now();
-        let (version, state) = match env.store.record_get(now, key).await {
-            Ok(Some((v, bytes))) => (Some(v), decode(&bytes)),
-            Ok(None) => (None, None),
-            Err(e) => return Err(unavailable(e)),
-        };
-        let (bytes, verdict) = step(state, now);
-        let Some(bytes) = bytes else {
-            return Ok(verdict);
-        };
-        match env.store.record_swap(now, key, version, bytes, ttl).await {
-            Ok(true) => return Ok(verdict),
-            Ok(false) => continue, // another request of the task got there first
-            Err(e) => return Err(unavailable(e)),
-        }
-    }
-    Err(GatewayError::Denied(Deny::new(
-        DenyCode::PolicyUnavailable,
-        format!("{what} state kept changing under this request"),
-    )))
+    let (key, ttl) = (streak_key(streak), Streak::ttl(cooldown));
+    step_record(env, "tool isolation", &key, ttl, Streak::decode, step).await
 }
 
 /// The store key of a task's watchdog state.

@@ -47,7 +47,7 @@ use bytes::Bytes;
 use env::Env;
 use features::End;
 use ids::RequestIds;
-use loopgate_breaker::{BreakerSet, FailureStreaks};
+use loopgate_breaker::BreakerSet;
 use loopgate_policy::{Clock, StateStore};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::upstreams::peer::HttpPeer;
@@ -59,15 +59,14 @@ use std::time::{Duration, Instant};
 pub struct Gateway {
     config: Arc<ArcSwap<Config>>,
     ids: RequestIds,
-    /// Limit state; outlives config reloads, so counters survive them.
+    /// Limit and task guard state; outlives config reloads, so counters
+    /// survive them.
     store: Arc<dyn StateStore>,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
     /// Circuit breakers by key; like the store, they outlive reloads.
     breakers: Arc<BreakerSet>,
     access_log: Arc<AccessLog>,
-    /// Per-task guard state; like the store, it outlives reloads.
-    streaks: FailureStreaks,
     /// Request bodies held while admission reads them (see `buffers`).
     bodies: Arc<buffers::BodyBuffers>,
     /// Tests only: a gateway failure on purpose after routing (see
@@ -84,8 +83,6 @@ impl Gateway {
         breakers: Arc<BreakerSet>,
         access_log: Arc<AccessLog>,
     ) -> Self {
-        // Read at start: the maps are made once and outlive reloads.
-        let bounds = config.load().bounds;
         Gateway {
             config,
             ids: RequestIds::default(),
@@ -94,7 +91,6 @@ impl Gateway {
             metrics,
             breakers,
             access_log,
-            streaks: FailureStreaks::with_capacity(bounds.tasks_per_agent),
             bodies: Arc::default(),
             test_fault: test_fault::TestFault::from_env(),
         }
@@ -106,7 +102,6 @@ impl Gateway {
             store: self.store.as_ref(),
             clock: self.clock.as_ref(),
             metrics: &self.metrics,
-            streaks: &self.streaks,
             breakers: &self.breakers,
         }
     }

@@ -1,10 +1,12 @@
 //! Tool isolation, the recording side: a task's answers from a tool feed
-//! its failure streak (same failing status again and again), which MCP
-//! and tool admission consult to cut the task off from the tool for a
-//! while.
+//! its failure streak (same failing status again and again), a record in
+//! the state store (`streak:<agent>/<task>/<tool>`, shared by replicas)
+//! that tool admission reads to cut the task off from the tool for a
+//! while. A success of a task without a streak writes nothing.
 
 use super::{Admission, End, Env, Feature};
 use crate::proxy::ctx::Plan;
+use crate::proxy::guards;
 use pingora::ErrorSource;
 use std::time::Duration;
 
@@ -36,18 +38,23 @@ impl Feature for Streak {
             (None, Some(err)) if *err.esource() != ErrorSource::Downstream => Some(1000),
             _ => None,
         };
-        if env.streaks.record(
+        let recorded = guards::record_streak(
+            env,
             &self.key,
             failure,
             self.threshold,
             self.cooldown,
-            env.clock.now(),
-        ) {
-            log::warn!(
+        )
+        .await;
+        match recorded {
+            Ok(true) => log::warn!(
                 "tool isolated for task `{}`: {} identical failures in a row",
                 self.key,
                 self.threshold
-            );
+            ),
+            Ok(false) => {}
+            // The answer is out already: what is lost is one answer's count.
+            Err(e) => log::warn!("task `{}`: tool answer not counted: {e}", self.key),
         }
     }
 }
