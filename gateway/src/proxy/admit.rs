@@ -152,16 +152,7 @@ pub async fn admit(
     let agent_idx = authenticate(session, cfg)?;
     let rules = &cfg.agents[agent_idx];
     ctx.agent = Some(rules.name.clone());
-    // Bodies beyond what the agent may have in flight would only be
-    // refused by its limits after they were read: they are not read.
-    let share = rules.max_body_bytes.saturating_mul(
-        rules
-            .limits
-            .max_in_flight
-            .unwrap_or(super::buffers::DEFAULT_BODIES_PER_AGENT)
-            .max(1),
-    );
-    ctx.intake.hold = Some(bodies.hold(rules.name.clone(), share, super::buffers::TOTAL_BYTES));
+    ctx.intake.hold = Some(body_share(rules, bodies));
     // The one reader of the task id: what the required-header rule sees
     // present is what the guards key on, or the request is refused.
     let task = task_id(session)?.map(str::to_string);
@@ -221,6 +212,23 @@ pub async fn admit(
         j.body,
         taken,
     ))
+}
+
+/// The agent's share of the memory bodies are read into: bodies beyond
+/// what the agent may have in flight would only be refused by its limits
+/// after they were read, so they are not read.
+fn body_share(
+    rules: &loopgate_policy::AgentRules,
+    bodies: &Arc<super::buffers::BodyBuffers>,
+) -> super::buffers::Held {
+    let share = rules.max_body_bytes.saturating_mul(
+        rules
+            .limits
+            .max_in_flight
+            .unwrap_or(super::buffers::DEFAULT_BODIES_PER_AGENT)
+            .max(1),
+    );
+    bodies.hold(rules.name.clone(), share, super::buffers::TOTAL_BYTES)
 }
 
 /// Steps 3 to 5: limits, then the task guards, under one fail mode. A call

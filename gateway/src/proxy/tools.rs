@@ -3,8 +3,9 @@
 //! The agent's key decides which tools, methods and paths it may use; the
 //! path is percent-decoded and checked before matching, so an encoded
 //! traversal (`%2e%2e`, `%2f`) can never reach another path of the tool.
-//! Bodies of any type are not read here: they stream through unchanged
-//! (a size limit is checked on `Content-Length`).
+//! Bodies of any type stream through unchanged (a size limit is checked on
+//! `Content-Length`), unless an `Idempotency-Key` makes the body part of
+//! the record: then `features::idempotency` reads it to claim the key.
 
 use super::admit::{declared_length, Answer, Caller, FailMode, Judged, Judgement};
 use super::ctx::{Plan, RequestCtx, ToolPlan};
