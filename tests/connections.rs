@@ -457,3 +457,120 @@ fn an_agent_that_leaves_mid_stream_is_logged_as_such() {
     assert_eq!(v["upstream_status"], 200, "{v}");
     assert_eq!(mock.requests().len(), 1);
 }
+
+/// Sends `first` on a fresh connection and reads its answer; then holds
+/// the gateway to what the answer said: `connection: close` and the
+/// connection closes with nothing more, else (keep-alive) a second request
+/// on it is served. Returns the first answer's status line and whether it
+/// was kept alive.
+fn keeps_its_word(gw: &Gateway, first: &[u8]) -> (String, bool) {
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(first).unwrap();
+    let answer = read_one(&mut s);
+    let status = answer.lines().next().unwrap_or_default().to_string();
+    let head = answer
+        .split("\r\n\r\n")
+        .next()
+        .unwrap()
+        .to_ascii_lowercase();
+    let close = head.lines().any(|l| l == "connection: close");
+    if close {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        assert!(
+            rest.is_empty(),
+            "{status}: said close, then sent {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+    } else {
+        assert!(
+            head.lines().any(|l| l == "connection: keep-alive"),
+            "{status}: says neither close nor keep-alive: {head}"
+        );
+        let next = s
+            .write_all(chat_request("keep-alive").as_bytes())
+            .map(|()| read_one_or_closed(&mut s));
+        match next {
+            Ok(Some(a)) => assert!(a.starts_with("HTTP/1.1 200"), "{status}: then {a:?}"),
+            _ => panic!("{status}: said keep-alive, then lost the next request"),
+        }
+    }
+    (status, !close)
+}
+
+/// [`read_one`], or `None` when the gateway closes before any answer.
+fn read_one_or_closed(s: &mut TcpStream) -> Option<String> {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut first = [0u8; 1];
+    match s.peek(&mut first) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(read_one(s)),
+    }
+}
+
+/// Every answer, refusals included, tells the truth about the connection:
+/// one that says `keep-alive` serves the next request on it, one that
+/// closes says `close`. The gateway's failures after routing (an
+/// unreachable provider, an open circuit, for small and large bodies) are
+/// answered and then closed by Pingora, so they say `close`; refusals
+/// whose request was read whole keep the connection.
+#[test]
+fn every_answer_says_whether_the_connection_stays_open() {
+    let mock = Mock::start();
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let yaml = default_config(&mock)
+        .replace(
+            "  an:\n",
+            &format!("  dead:\n    kind: openai_compatible\n    base_url: {dead}\n    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY\n    breaker: {{ consecutive_failures: 1, open_ms: 60000 }}\n  an:\n"),
+        )
+        .replace(
+            "  - models: [\"claude-3-5-haiku*\"]\n",
+            "  - models: [gpt-dead]\n    targets: [ { provider: dead } ]\n  - models: [\"claude-3-5-haiku*\"]\n",
+        )
+        .replace("models: [gpt-4o-mini, text", "models: [gpt-dead, gpt-4o-mini, text");
+    let gw = Gateway::start(&yaml);
+    let post = |key: &str, body: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    };
+    let dead_chat = r#"{"model":"gpt-dead","messages":[{"role":"user","content":"hi"}]}"#;
+    let large = format!(
+        r#"{{"model":"gpt-dead","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "z".repeat(80 * 1024)
+    );
+    // What each answer does with the connection: `Some(kept)` where that
+    // is part of the contract (a request read whole keeps it), `None`
+    // where either is right.
+    let cases: Vec<(&str, Vec<u8>, Option<bool>)> = vec![
+        ("unreachable", post(AGENT_KEY, dead_chat), Some(false)),
+        ("circuit open", post(AGENT_KEY, dead_chat), Some(true)),
+        ("circuit open, large body", post(AGENT_KEY, &large), Some(true)),
+        ("unknown key", post("nope", CHAT), None),
+        ("model not allowed", post(NARROW_KEY, CHAT), Some(true)),
+        ("bad JSON", post(AGENT_KEY, "{"), Some(true)),
+        (
+            "body too large, unsent",
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\r\nContent-Length: {}\r\n\r\n",
+                MAX_BODY + 1
+            )
+            .into_bytes(),
+            Some(false),
+        ),
+        ("served", chat_request("keep-alive").into_bytes(), Some(true)),
+    ];
+    let mut follow_ups = 0;
+    for (what, req, want) in cases {
+        let (status, kept) = keeps_its_word(&gw, &req);
+        if let Some(want) = want {
+            assert_eq!(kept, want, "{what}: {status}");
+        }
+        follow_ups += usize::from(kept);
+    }
+    // Only `served` and the follow-ups on kept connections reached it.
+    assert_eq!(mock.requests().len(), 1 + follow_ups);
+}

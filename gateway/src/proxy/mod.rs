@@ -286,6 +286,14 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut Box<RequestCtx>,
     ) -> FailToProxy {
+        // Pingora closes the agent's connection after a failed exchange
+        // (whatever `can_reuse_downstream` says), so the answer must say
+        // `connection: close`: one that says keep-alive and then closes
+        // loses the agent's next request. A large-body subrequest answers
+        // through its main request, which keeps the connection.
+        if session.subrequest_ctx.is_none() {
+            session.set_keepalive(None);
+        }
         let error_code = respond::write_failure(session, ctx, e, &self.metrics).await;
         FailToProxy {
             error_code,
