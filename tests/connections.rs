@@ -110,7 +110,7 @@ print(sorted(codes.items()), flush=True)
     let (child, line) = python(&script);
     done(child);
     assert_eq!(line, "[('200', 1000)]", "every request answered 200");
-    for reason in ["capacity", "client_share", "header_timeout"] {
+    for reason in ["capacity", "client_share", "header_timeout", "malformed"] {
         assert_eq!(
             gw.metric(&format!(
                 "loopgate_connections_refused_total{{reason=\"{reason}\"}}"
@@ -573,4 +573,66 @@ fn every_answer_says_whether_the_connection_stays_open() {
     }
     // Only `served` and the follow-ups on kept connections reached it.
     assert_eq!(mock.requests().len(), 1 + follow_ups);
+}
+
+/// Reads until the gateway closes; what it answered.
+fn read_to_close(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A header whose lines end in a bare LF never ends (no CRLF CRLF comes),
+/// and a reader that takes LF as a line end disagrees with one that does
+/// not on where headers end: refused at once with 400, on a fresh or a
+/// kept-alive connection, and nothing reaches the upstream. A bare LF in
+/// the body is the body's business.
+#[test]
+fn a_header_with_bare_lf_line_ends_is_refused_at_once() {
+    let mock = Mock::start();
+    // A long header deadline: waiting it out would answer 408, not 400.
+    let gw = Gateway::start(&config_with(&mock, "{ header_timeout_ms: 60000 }"));
+    let bare = [
+        "GET /v1/models HTTP/1.1\nHost: x\n\n".to_string(),
+        format!("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+    ];
+    for req in &bare {
+        let mut s = TcpStream::connect(gw.addr).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let answer = read_to_close(&mut s);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{req:?}: {answer:?}");
+        assert!(answer.contains("\"code\":\"bad_request\""), "{answer:?}");
+        assert!(
+            answer.contains("x-loopgate-error: bad_request"),
+            "{answer:?}"
+        );
+        assert!(answer.contains("connection: close"), "{answer:?}");
+    }
+    // On a kept-alive connection, after a request served.
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(chat_request("keep-alive").as_bytes()).unwrap();
+    assert!(read_one(&mut s).starts_with("HTTP/1.1 200"));
+    s.write_all(bare[0].as_bytes()).unwrap();
+    let answer = read_to_close(&mut s);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert_eq!(
+        gw.metric("loopgate_connections_refused_total{reason=\"malformed\"}"),
+        3.0
+    );
+    assert_eq!(
+        gw.metric("loopgate_connections_refused_total{reason=\"header_timeout\"}"),
+        0.0
+    );
+    // CRLF headers with LFs in the body are served.
+    let body = "{\n\"model\": \"gpt-4o-mini\",\n\"messages\": []\n}\n";
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let answer = read_to_close(&mut s);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert_eq!(mock.requests().len(), 2, "the two served requests only");
 }

@@ -15,6 +15,8 @@
 //!   `header_timeout` of its first byte (of the accept, for the first
 //!   request): 408 and closed otherwise. A kept-alive connection waits
 //!   `idle_timeout` for its next request and is then closed quietly.
+//! - A header line ended by a bare LF is refused at once (400, see
+//!   [`scan`]): it would never end, and it must not be read leniently.
 //! - A connection still short of its first header after [`SLOW_AFTER`], or
 //!   trickling a later one for that long, is slow; one address may hold
 //!   `slow_per_client` slow connections (`trusted` ranges are exempt),
@@ -110,13 +112,16 @@ pub enum Refusal {
     ClientShare,
     /// A request header did not arrive whole in time.
     HeaderTimeout,
+    /// A request header with a line ended by a bare LF (see [`scan`]).
+    Malformed,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 3] = [
+    pub const ALL: [Refusal; 4] = [
         Refusal::Capacity,
         Refusal::ClientShare,
         Refusal::HeaderTimeout,
+        Refusal::Malformed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -124,6 +129,7 @@ impl Refusal {
             Refusal::Capacity => "capacity",
             Refusal::ClientShare => "client_share",
             Refusal::HeaderTimeout => "header_timeout",
+            Refusal::Malformed => "malformed",
         }
     }
 
@@ -131,6 +137,7 @@ impl Refusal {
         match self {
             Refusal::Capacity | Refusal::ClientShare => REFUSED,
             Refusal::HeaderTimeout => TIMED_OUT,
+            Refusal::Malformed => MALFORMED,
         }
     }
 }
@@ -313,12 +320,14 @@ impl<A> Limited<A> {
                         header_by = Some(now + limits.header_timeout);
                         slow_at = Some(now + SLOW_AFTER);
                     }
-                    // A header's end may straddle two reads.
-                    let from = before.saturating_sub(3);
-                    if seen[from..].windows(4).any(|w| w == b"\r\n\r\n")
-                        || seen.len() >= HEADER_READ_AHEAD
-                    {
-                        break;
+                    match scan(&seen, before) {
+                        Scan::Complete => break,
+                        Scan::BareLf => {
+                            self.refuse(tcp, Refusal::Malformed, ip).await;
+                            return None;
+                        }
+                        Scan::Incomplete if seen.len() >= HEADER_READ_AHEAD => break,
+                        Scan::Incomplete => {}
                     }
                 }
             }
@@ -328,6 +337,45 @@ impl<A> Limited<A> {
         tcp.rewind(&seen);
         Some(tcp)
     }
+}
+
+/// What the bytes read so far say about a request header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scan {
+    /// It ends (`CRLF CRLF`) with every line ended by `CRLF`.
+    Complete,
+    /// Not whole yet.
+    Incomplete,
+    /// A line before its end is ended by a bare LF.
+    BareLf,
+}
+
+/// Scans a request header read so far (`seen`, of which `from..` is new)
+/// up to its end, by its line feeds: each must follow a CR (RFC 9112 2.2).
+///
+/// A bare LF is refused at once (400) rather than waited on: no `CRLF
+/// CRLF` would ever come, so the request used to hold its connection until
+/// the header deadline (408). And it must not be read leniently either:
+/// Pingora's parser (httparse) takes a bare LF as a line end, but a front
+/// proxy or other reader that splits lines only on CRLF sees
+/// `Host: x\nTransfer-Encoding: chunked` as one header, and two readers
+/// that disagree on where a header ends disagree on how the body is
+/// framed: request smuggling. Bytes past the header's end (the body) are
+/// not looked at.
+fn scan(seen: &[u8], from: usize) -> Scan {
+    let mut at = from;
+    while let Some(i) = seen[at..].iter().position(|b| *b == b'\n') {
+        let lf = at + i;
+        if lf == 0 || seen[lf - 1] != b'\r' {
+            return Scan::BareLf;
+        }
+        // The LF two back was checked when it was seen.
+        if lf >= 3 && seen[lf - 3] == b'\r' && seen[lf - 2] == b'\n' {
+            return Scan::Complete;
+        }
+        at = lf + 1;
+    }
+    Scan::Incomplete
 }
 
 /// One admitted connection's place; given back on drop.
@@ -418,6 +466,8 @@ static EPOCH: std::sync::LazyLock<std::time::Instant> =
     std::sync::LazyLock::new(std::time::Instant::now);
 
 const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nx-loopgate-error: gateway_overloaded\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 155\r\n\r\n{\"error\":{\"code\":\"gateway_overloaded\",\"type\":\"gateway_error\",\"message\":\"too many connections from this client or in all; retry shortly\",\"retryable\":true}}\n";
+
+const MALFORMED: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-loopgate-error: bad_request\r\nconnection: close\r\ncontent-length: 153\r\n\r\n{\"error\":{\"code\":\"bad_request\",\"type\":\"invalid_request_error\",\"message\":\"request header lines must end in CRLF; a bare LF is refused\",\"retryable\":false}}";
 
 const TIMED_OUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nx-loopgate-error: request_timeout\r\nconnection: close\r\ncontent-length: 138\r\n\r\n{\"error\":{\"code\":\"request_timeout\",\"type\":\"invalid_request_error\",\"message\":\"the request header did not arrive in time\",\"retryable\":true}}";
 
@@ -513,7 +563,7 @@ mod tests {
 
     #[test]
     fn refusals_are_well_formed_http() {
-        for answer in [REFUSED, TIMED_OUT] {
+        for answer in [REFUSED, TIMED_OUT, MALFORMED] {
             let head = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
             let text = std::str::from_utf8(&answer[..head]).unwrap();
             let len: usize = text
@@ -525,6 +575,41 @@ mod tests {
             assert_eq!(answer.len() - head - 4, len, "{text}");
             let body: serde_json::Value = serde_json::from_slice(&answer[head + 4..]).unwrap();
             assert!(body["error"]["code"].is_string());
+        }
+    }
+
+    #[test]
+    fn a_header_ends_at_crlf_crlf_and_a_bare_lf_is_refused() {
+        let whole = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(scan(whole, 0), Scan::Complete);
+        // Read a byte at a time, it is whole only at its last byte.
+        for n in 1..whole.len() {
+            assert_eq!(scan(&whole[..n], n - 1), Scan::Incomplete, "{n}");
+        }
+        assert_eq!(scan(whole, whole.len() - 1), Scan::Complete);
+        // The body after it is not the header's business.
+        assert_eq!(scan(b"POST / HTTP/1.1\r\n\r\na\nb\n", 0), Scan::Complete);
+        for bare in [
+            &b"GET / HTTP/1.1\nHost: x\n\n"[..],
+            b"GET / HTTP/1.1\r\nHost: x\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\n\r\n",
+            b"\nGET / HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\n",
+        ] {
+            assert_eq!(
+                scan(bare, 0),
+                Scan::BareLf,
+                "{:?}",
+                String::from_utf8_lossy(bare)
+            );
+            // However it is split across reads.
+            for n in 1..bare.len() {
+                let first = scan(&bare[..n], 0);
+                if first != Scan::BareLf {
+                    assert_eq!(first, Scan::Incomplete);
+                    assert_eq!(scan(bare, n), Scan::BareLf);
+                }
+            }
         }
     }
 
