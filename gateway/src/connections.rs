@@ -17,6 +17,8 @@
 //!   `idle_timeout` for its next request and is then closed quietly.
 //! - A header line ended by a bare LF is refused at once (400, see
 //!   [`scan`]): it would never end, and it must not be read leniently.
+//! - A body has a deadline too ([`BodyDeadline`]), kept by the proxy as it
+//!   reads the body (408).
 //! - A connection still short of its first header after [`SLOW_AFTER`], or
 //!   trickling a later one for that long, is slow; one address may hold
 //!   `slow_per_client` slow connections (`trusted` ranges are exempt),
@@ -62,6 +64,10 @@ pub struct ConnectionLimits {
     /// `None`: from the open-file limit ([`total_for`]).
     pub max: Option<usize>,
     pub header_timeout: Duration,
+    /// See [`BodyDeadline`].
+    pub body_timeout: Duration,
+    /// Body bytes a second that earn a second more (0: none do).
+    pub body_min_rate: u64,
     pub idle_timeout: Duration,
     pub reserve_fds: usize,
     pub trusted: Vec<ipnet::IpNet>,
@@ -73,6 +79,8 @@ impl Default for ConnectionLimits {
             slow_per_client: 256,
             max: None,
             header_timeout: Duration::from_secs(15),
+            body_timeout: Duration::from_secs(20),
+            body_min_rate: 16 * 1024,
             idle_timeout: Duration::from_secs(60),
             reserve_fds: 128,
             trusted: Vec::new(),
@@ -96,10 +104,63 @@ impl ConnectionLimits {
             "slow_per_client": self.slow_per_client,
             "max": self.max,
             "header_timeout_ms": self.header_timeout.as_millis() as u64,
+            "body_timeout_ms": self.body_timeout.as_millis() as u64,
+            "body_min_bytes_per_sec": self.body_min_rate,
             "idle_timeout_ms": self.idle_timeout.as_millis() as u64,
             "reserve_fds": self.reserve_fds,
             "trusted": self.trusted.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
         })
+    }
+}
+
+/// The most a body's bytes can add to its deadline: a day.
+const MAX_EARNED_SECS: u64 = 24 * 3600;
+
+/// When a request body must have arrived: `body_timeout` after its header,
+/// plus a second for every `body_min_rate` bytes received so far, as
+/// Apache's `mod_reqtimeout` does (`body=20,MinRate=...`). A body trickled
+/// after a prompt header would otherwise hold its connection (and, for a
+/// body streamed to a tool, an upstream connection too) for as long as it
+/// keeps a byte coming within each read timeout. The header's own
+/// deadline is enforced above, before Pingora parses it; the body is read
+/// by the proxy, which asks this at every read.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyDeadline {
+    start: Instant,
+    timeout: Duration,
+    min_rate: u64,
+}
+
+impl BodyDeadline {
+    /// The deadline of a body whose header was read at `start`.
+    pub fn new(limits: &ConnectionLimits, start: std::time::Instant) -> BodyDeadline {
+        BodyDeadline {
+            start: start.into(),
+            timeout: limits.body_timeout,
+            min_rate: limits.body_min_rate,
+        }
+    }
+
+    /// When the body must be whole, `received` bytes into it.
+    pub fn at(&self, received: u64) -> Instant {
+        let earned = match self.min_rate {
+            0 => Duration::ZERO,
+            // Capped so no body size can overflow the clock.
+            rate => Duration::from_secs((received / rate).min(MAX_EARNED_SECS)),
+        };
+        self.start + self.timeout + earned
+    }
+
+    /// The answer once it has passed.
+    pub fn expired(&self) -> crate::error::GatewayError {
+        let earned = match self.min_rate {
+            0 => String::new(),
+            rate => format!(", and a second more per {rate} bytes received"),
+        };
+        crate::error::GatewayError::RequestTimeout(format!(
+            "the request body did not arrive in time ({} ms{earned})",
+            self.timeout.as_millis()
+        ))
     }
 }
 
@@ -611,6 +672,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_body_earns_a_second_per_min_rate_bytes() {
+        let limits = ConnectionLimits {
+            body_timeout: Duration::from_secs(20),
+            body_min_rate: 1000,
+            ..ConnectionLimits::default()
+        };
+        let start = std::time::Instant::now();
+        let d = BodyDeadline::new(&limits, start);
+        let base = Instant::from_std(start) + Duration::from_secs(20);
+        assert_eq!(d.at(0), base);
+        assert_eq!(d.at(999), base);
+        assert_eq!(d.at(1000), base + Duration::from_secs(1));
+        assert_eq!(d.at(8_000_000), base + Duration::from_secs(8000));
+        let flat = BodyDeadline::new(
+            &ConnectionLimits {
+                body_min_rate: 0,
+                ..limits
+            },
+            start,
+        );
+        assert_eq!(flat.at(u64::MAX), base);
+        let e = d.expired();
+        assert_eq!((e.status(), e.code()), (408, "request_timeout"));
+        assert!(!flat.expired().message().contains("per 0 bytes"));
     }
 
     #[test]
