@@ -110,7 +110,7 @@ print(sorted(codes.items()), flush=True)
     let (child, line) = python(&script);
     done(child);
     assert_eq!(line, "[('200', 1000)]", "every request answered 200");
-    for reason in ["capacity", "client_share", "header_timeout"] {
+    for reason in ["capacity", "client_share", "header_timeout", "malformed"] {
         assert_eq!(
             gw.metric(&format!(
                 "loopgate_connections_refused_total{{reason=\"{reason}\"}}"
@@ -243,11 +243,22 @@ fn a_request_header_must_arrive_whole_within_the_deadline() {
 /// Sends a header a byte every 400 ms until the gateway answers; returns
 /// what it answered.
 fn trickle(s: &mut TcpStream) -> String {
+    trickle_after(
+        s,
+        b"",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    )
+}
+
+/// Sends `prompt` at once, then `drip` (over and over) a byte every 400 ms
+/// until the gateway answers; returns what it answered.
+fn trickle_after(s: &mut TcpStream, prompt: &[u8], drip: &[u8]) -> String {
+    s.write_all(prompt).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(100)))
         .unwrap();
     let started = Instant::now();
     let mut answer = Vec::new();
-    for b in b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter().cycle() {
+    for b in drip.iter().cycle() {
         if s.write_all(&[*b]).is_err() || started.elapsed() > Duration::from_secs(30) {
             break;
         }
@@ -347,6 +358,14 @@ fn bad_connection_limits_name_the_field() {
         (
             "listen: { address: \"127.0.0.1:1\", connections: { header_timeout_ms: 0 } }",
             "listen.connections.header_timeout_ms",
+        ),
+        (
+            "listen: { address: \"127.0.0.1:1\", connections: { body_timeout_ms: 0 } }",
+            "listen.connections.body_timeout_ms",
+        ),
+        (
+            "listen: { address: \"127.0.0.1:1\", connections: { body_min_bytes_per_sec: -1 } }",
+            "body_min_bytes_per_sec",
         ),
         ("listen: { address: nope }", "listen.address"),
     ];
@@ -456,4 +475,392 @@ fn an_agent_that_leaves_mid_stream_is_logged_as_such() {
     assert_eq!(v["provider"], "oa", "{v}");
     assert_eq!(v["upstream_status"], 200, "{v}");
     assert_eq!(mock.requests().len(), 1);
+}
+
+/// Sends `first` on a fresh connection and reads its answer; then holds
+/// the gateway to what the answer said: `connection: close` and the
+/// connection closes with nothing more, else (keep-alive) a second request
+/// on it is served. Returns the first answer's status line and whether it
+/// was kept alive.
+fn keeps_its_word(gw: &Gateway, first: &[u8]) -> (String, bool) {
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(first).unwrap();
+    let answer = read_one(&mut s);
+    let status = answer.lines().next().unwrap_or_default().to_string();
+    let head = answer
+        .split("\r\n\r\n")
+        .next()
+        .unwrap()
+        .to_ascii_lowercase();
+    let close = head.lines().any(|l| l == "connection: close");
+    if close {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        assert!(
+            rest.is_empty(),
+            "{status}: said close, then sent {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+    } else {
+        assert!(
+            head.lines().any(|l| l == "connection: keep-alive"),
+            "{status}: says neither close nor keep-alive: {head}"
+        );
+        let next = s
+            .write_all(chat_request("keep-alive").as_bytes())
+            .map(|()| read_one_or_closed(&mut s));
+        match next {
+            Ok(Some(a)) => assert!(a.starts_with("HTTP/1.1 200"), "{status}: then {a:?}"),
+            _ => panic!("{status}: said keep-alive, then lost the next request"),
+        }
+    }
+    (status, !close)
+}
+
+/// [`read_one`], or `None` when the gateway closes before any answer.
+fn read_one_or_closed(s: &mut TcpStream) -> Option<String> {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut first = [0u8; 1];
+    match s.peek(&mut first) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(read_one(s)),
+    }
+}
+
+/// Every answer, refusals included, tells the truth about the connection:
+/// one that says `keep-alive` serves the next request on it, one that
+/// closes says `close`. The gateway's failures after routing (an
+/// unreachable provider, an open circuit, for small and large bodies) are
+/// answered and then closed by Pingora, so they say `close`; refusals
+/// whose request was read whole keep the connection.
+#[test]
+fn every_answer_says_whether_the_connection_stays_open() {
+    let mock = Mock::start();
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let yaml = default_config(&mock)
+        .replace(
+            "  an:\n",
+            &format!("  dead:\n    kind: openai_compatible\n    base_url: {dead}\n    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY\n    breaker: {{ consecutive_failures: 1, open_ms: 60000 }}\n  an:\n"),
+        )
+        .replace(
+            "  - models: [\"claude-3-5-haiku*\"]\n",
+            "  - models: [gpt-dead]\n    targets: [ { provider: dead } ]\n  - models: [\"claude-3-5-haiku*\"]\n",
+        )
+        .replace("models: [gpt-4o-mini, text", "models: [gpt-dead, gpt-4o-mini, text");
+    let gw = Gateway::start(&yaml);
+    let post = |key: &str, body: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    };
+    let dead_chat = r#"{"model":"gpt-dead","messages":[{"role":"user","content":"hi"}]}"#;
+    let large = format!(
+        r#"{{"model":"gpt-dead","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "z".repeat(80 * 1024)
+    );
+    // What each answer does with the connection: `Some(kept)` where that
+    // is part of the contract (a request read whole keeps it), `None`
+    // where either is right.
+    let cases: Vec<(&str, Vec<u8>, Option<bool>)> = vec![
+        ("unreachable", post(AGENT_KEY, dead_chat), Some(false)),
+        ("circuit open", post(AGENT_KEY, dead_chat), Some(true)),
+        ("circuit open, large body", post(AGENT_KEY, &large), Some(true)),
+        ("unknown key", post("nope", CHAT), None),
+        ("model not allowed", post(NARROW_KEY, CHAT), Some(true)),
+        ("bad JSON", post(AGENT_KEY, "{"), Some(true)),
+        (
+            "body too large, unsent",
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\r\nContent-Length: {}\r\n\r\n",
+                MAX_BODY + 1
+            )
+            .into_bytes(),
+            Some(false),
+        ),
+        ("served", chat_request("keep-alive").into_bytes(), Some(true)),
+    ];
+    let mut follow_ups = 0;
+    for (what, req, want) in cases {
+        let (status, kept) = keeps_its_word(&gw, &req);
+        if let Some(want) = want {
+            assert_eq!(kept, want, "{what}: {status}");
+        }
+        follow_ups += usize::from(kept);
+    }
+    // Only `served` and the follow-ups on kept connections reached it.
+    assert_eq!(mock.requests().len(), 1 + follow_ups);
+}
+
+/// Reads until the gateway closes; what it answered.
+fn read_to_close(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A header whose lines end in a bare LF never ends (no CRLF CRLF comes),
+/// and a reader that takes LF as a line end disagrees with one that does
+/// not on where headers end: refused at once with 400, on a fresh or a
+/// kept-alive connection, and nothing reaches the upstream. A bare LF in
+/// the body is the body's business.
+#[test]
+fn a_header_with_bare_lf_line_ends_is_refused_at_once() {
+    let mock = Mock::start();
+    // A long header deadline: waiting it out would answer 408, not 400.
+    let gw = Gateway::start(&config_with(&mock, "{ header_timeout_ms: 60000 }"));
+    let bare = [
+        "GET /v1/models HTTP/1.1\nHost: x\n\n".to_string(),
+        format!("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+    ];
+    for req in &bare {
+        let mut s = TcpStream::connect(gw.addr).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let answer = read_to_close(&mut s);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{req:?}: {answer:?}");
+        assert!(answer.contains("\"code\":\"bad_request\""), "{answer:?}");
+        assert!(
+            answer.contains("x-loopgate-error: bad_request"),
+            "{answer:?}"
+        );
+        assert!(answer.contains("connection: close"), "{answer:?}");
+    }
+    // On a kept-alive connection, after a request served.
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(chat_request("keep-alive").as_bytes()).unwrap();
+    assert!(read_one(&mut s).starts_with("HTTP/1.1 200"));
+    s.write_all(bare[0].as_bytes()).unwrap();
+    let answer = read_to_close(&mut s);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert_eq!(
+        gw.metric("loopgate_connections_refused_total{reason=\"malformed\"}"),
+        3.0
+    );
+    assert_eq!(
+        gw.metric("loopgate_connections_refused_total{reason=\"header_timeout\"}"),
+        0.0
+    );
+    // CRLF headers with LFs in the body are served.
+    let body = "{\n\"model\": \"gpt-4o-mini\",\n\"messages\": []\n}\n";
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let answer = read_to_close(&mut s);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert_eq!(mock.requests().len(), 2, "the two served requests only");
+}
+
+/// The issue's scenario, small: connections from two addresses each finish
+/// one request, then trickle the next header, until they fill the
+/// listener. They are waiting for a header (slowly), not being served: a
+/// client from a third address takes the place of the one that has waited
+/// longest, every time, and nobody is refused for capacity.
+#[test]
+fn trickling_kept_alive_connections_are_reclaimed_for_a_new_client() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config_with(&mock, "{ max: 40 }"));
+    let script = format!(
+        r#"
+import socket, sys, threading, time
+req = {req:?}.encode()
+conns = []
+for ip in ("127.0.0.2", "127.0.0.3"):
+    for i in range(20):
+        s = socket.socket()
+        s.bind((ip, 0))
+        s.connect(("127.0.0.1", {port}))
+        s.settimeout(10)
+        s.sendall(req)
+        data = b""
+        while b"chat.completion" not in data:
+            data += s.recv(65536)
+        assert data.startswith(b"HTTP/1.1 200"), data
+        conns.append(s)
+stop = False
+def trickle():
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 10000
+    i = 0
+    while not stop and i < len(head):
+        for s in conns:
+            try:
+                s.send(head[i:i + 1])
+            except OSError:
+                pass
+        i += 1
+        time.sleep(0.2)
+t = threading.Thread(target=trickle)
+t.start()
+print("ready", flush=True)
+sys.stdin.read()
+stop = True
+t.join()
+"#,
+        req = chat_request("keep-alive"),
+        port = gw.addr.port(),
+    );
+    let (child, line) = python(&script);
+    assert_eq!(line, "ready");
+    assert_eq!(gw.metric("loopgate_connections_open"), 40.0);
+    // A second: long enough to count as waiting.
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..5 {
+        assert_eq!(status(&gw, Some("127.0.0.4")), 200);
+    }
+    assert_eq!(
+        gw.metric("loopgate_connections_refused_total{reason=\"capacity\"}"),
+        0.0
+    );
+    assert!(gw.metric("loopgate_connections_reclaimed_total") >= 1.0);
+    done(child);
+}
+
+/// A gateway whose bodies must arrive within 1.5 s (a trickle earns
+/// nothing more), with a tool whose bodies are streamed upstream unread.
+fn body_deadline_gateway(mock: &Mock, min_rate: u64) -> Gateway {
+    let yaml = config_with(
+        mock,
+        &format!("{{ body_timeout_ms: 1500, body_min_bytes_per_sec: {min_rate} }}"),
+    )
+    .replace(
+        ", \"claude-3-5-haiku*\"]\n",
+        ", \"claude-3-5-haiku*\"]\n    tool_access:\n      orders: { methods: [POST], paths: [\"/*\"] }\n",
+    );
+    Gateway::start(&format!(
+        "{yaml}tools:\n  orders:\n    base_url: \"{}/echo/orders\"\n",
+        mock.url()
+    ))
+}
+
+/// The 408 a late body gets: structured, and the connection closed.
+fn assert_late_body(answer: &str, what: &str) {
+    assert!(answer.starts_with("HTTP/1.1 408"), "{what}: {answer:?}");
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.contains("x-loopgate-error: request_timeout"),
+        "{what}: {head}"
+    );
+    assert!(head.contains("connection: close"), "{what}: {head}");
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["error"]["code"], "request_timeout", "{what}: {v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{what}: {v}");
+    assert_eq!(v["error"]["retryable"], true, "{what}: {v}");
+}
+
+/// A prompt header then a body trickled a byte at a time: the body has a
+/// deadline too, on a fresh connection and on a kept-alive one, whether
+/// admission reads the body (a model call) or Pingora streams it to the
+/// upstream as it comes (a tool call). Nothing half-sent is served.
+#[test]
+fn a_body_trickled_after_a_prompt_header_has_a_deadline() {
+    let mock = Mock::start();
+    let gw = body_deadline_gateway(&mock, 1_000_000);
+    let head = |path: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{\"model\":\"gpt-4o-mini\",\"messages\":[]"
+        )
+        .into_bytes()
+    };
+    let model = head("/v1/chat/completions");
+    let tool = head("/tools/orders/orders");
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    assert_late_body(&trickle_after(&mut s, &model, b" "), "model call");
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    assert_late_body(&trickle_after(&mut s, &tool, b" "), "tool call");
+    // After a request served on the same connection.
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(chat_request("keep-alive").as_bytes()).unwrap();
+    assert!(read_one(&mut s).starts_with("HTTP/1.1 200"));
+    assert_late_body(&trickle_after(&mut s, &model, b" "), "kept alive");
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "only the whole request was served"
+    );
+    assert_eq!(
+        gw.metric("loopgate_denials_total{code=\"request_timeout\"}"),
+        3.0
+    );
+    // The gateway still serves.
+    assert_eq!(status(&gw, None), 200);
+}
+
+/// The deadline grows with what the body delivers: an honest body sent
+/// steadily for longer than `body_timeout_ms`, faster than
+/// `body_min_bytes_per_sec`, is served whole.
+#[test]
+fn a_steady_body_earns_more_time_than_the_base_deadline() {
+    let mock = Mock::start();
+    // 1.5 s, plus a second per 1,000 bytes; the body below comes at about
+    // 4,000 bytes a second for 3 s.
+    let gw = body_deadline_gateway(&mock, 1000);
+    let content = "x".repeat(12_000);
+    let body = format!(
+        r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{content}"}}]}}"#
+    );
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    for piece in body.as_bytes().chunks(400) {
+        s.write_all(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let answer = read_to_close(&mut s);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert_eq!(
+        mock.last_request()["body_sha256"],
+        sha256_hex(body.as_bytes())
+    );
+}
+
+/// A request answered before its body was read (an unknown path) is not
+/// kept alive (Pingora would otherwise read the rest off first, with no
+/// deadline but its per-read timeout): a trickle after the answer holds
+/// nothing.
+#[test]
+fn a_body_trickled_after_its_answer_holds_nothing() {
+    let mock = Mock::start();
+    let gw = body_deadline_gateway(&mock, 1_000_000);
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    let head = format!(
+        "POST /v1/nowhere HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\r\nContent-Length: 100000\r\n\r\n{{"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let answer = read_one(&mut s);
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer:?}");
+    assert!(answer.contains("Connection: close"), "{answer:?}");
+    // Keep trickling the body: the gateway must end the connection.
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let started = Instant::now();
+    let closed = loop {
+        if s.write_all(b" ").is_err() {
+            break true;
+        }
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) if started.elapsed() > Duration::from_secs(60) => break false,
+            Ok(0) => break true,
+            Ok(n) => panic!(
+                "more after the answer: {:?}",
+                String::from_utf8_lossy(&buf[..n])
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(closed, "the trickle held the connection");
 }

@@ -422,3 +422,54 @@ fn the_gateways_own_socket_shortage_is_not_the_providers_failure() {
     assert_eq!(r.header("x-loopgate-provider"), Some("p"));
     assert_eq!(received(&mock), 1);
 }
+
+/// With the circuit open, a body past Pingora's 64 KiB retry buffer (the
+/// large-body subrequest) gets the same answer as a small one: 503
+/// `circuit_open` with `Retry-After`, never a 500. The subrequest answers
+/// and reports its failure at once, so the answer must not depend on which
+/// of the two the main request sees first; many requests in parallel give
+/// both orders their chance.
+#[test]
+fn an_open_circuit_answers_large_and_small_bodies_alike() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(
+        &[("p", mock.url(), "consecutive_failures: 1, open_ms: 60000")],
+        "[ { provider: p } ]",
+    ));
+    assert_eq!(
+        chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 500"]).status,
+        500
+    );
+    let mut large = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":""#.to_vec();
+    large.extend(std::iter::repeat_n(b'z', 80 * 1024));
+    large.extend_from_slice(br#""}]}"#);
+    let url = gw.url("/v1/chat/completions");
+    let key = auth(AGENT_KEY);
+    let answers: Vec<(bool, Resp)> = std::thread::scope(|s| {
+        let sent: Vec<_> = (0..40)
+            .flat_map(|_| [true, false])
+            .map(|big| {
+                let (url, key, large) = (&url, &key, &large);
+                s.spawn(move || {
+                    let body = if big {
+                        large.as_slice()
+                    } else {
+                        CHAT.as_bytes()
+                    };
+                    (big, curl_body(&[url, "-H", key], body))
+                })
+            })
+            .collect();
+        sent.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (big, r) in &answers {
+        r.assert_gateway_error(503, "circuit_open");
+        let after: u64 = r
+            .header("retry-after")
+            .unwrap_or_else(|| panic!("large: {big}: no Retry-After: {r:?}"))
+            .parse()
+            .unwrap();
+        assert!(after >= 1, "{after}");
+    }
+    assert_eq!(received(&mock), 1, "nothing reached the open provider");
+}

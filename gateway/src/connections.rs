@@ -15,6 +15,10 @@
 //!   `header_timeout` of its first byte (of the accept, for the first
 //!   request): 408 and closed otherwise. A kept-alive connection waits
 //!   `idle_timeout` for its next request and is then closed quietly.
+//! - A header line ended by a bare LF is refused at once (400, see
+//!   [`scan`]): it would never end, and it must not be read leniently.
+//! - A body has a deadline too ([`BodyDeadline`]), kept by the proxy as it
+//!   reads the body (408).
 //! - A connection still short of its first header after [`SLOW_AFTER`], or
 //!   trickling a later one for that long, is slow; one address may hold
 //!   `slow_per_client` slow connections (`trusted` ranges are exempt),
@@ -60,6 +64,10 @@ pub struct ConnectionLimits {
     /// `None`: from the open-file limit ([`total_for`]).
     pub max: Option<usize>,
     pub header_timeout: Duration,
+    /// See [`BodyDeadline`].
+    pub body_timeout: Duration,
+    /// Body bytes a second that earn a second more (0: none do).
+    pub body_min_rate: u64,
     pub idle_timeout: Duration,
     pub reserve_fds: usize,
     pub trusted: Vec<ipnet::IpNet>,
@@ -71,6 +79,8 @@ impl Default for ConnectionLimits {
             slow_per_client: 256,
             max: None,
             header_timeout: Duration::from_secs(15),
+            body_timeout: Duration::from_secs(20),
+            body_min_rate: 16 * 1024,
             idle_timeout: Duration::from_secs(60),
             reserve_fds: 128,
             trusted: Vec::new(),
@@ -94,10 +104,63 @@ impl ConnectionLimits {
             "slow_per_client": self.slow_per_client,
             "max": self.max,
             "header_timeout_ms": self.header_timeout.as_millis() as u64,
+            "body_timeout_ms": self.body_timeout.as_millis() as u64,
+            "body_min_bytes_per_sec": self.body_min_rate,
             "idle_timeout_ms": self.idle_timeout.as_millis() as u64,
             "reserve_fds": self.reserve_fds,
             "trusted": self.trusted.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
         })
+    }
+}
+
+/// The most a body's bytes can add to its deadline: a day.
+const MAX_EARNED_SECS: u64 = 24 * 3600;
+
+/// When a request body must have arrived: `body_timeout` after its header,
+/// plus a second for every `body_min_rate` bytes received so far, as
+/// Apache's `mod_reqtimeout` does (`body=20,MinRate=...`). A body trickled
+/// after a prompt header would otherwise hold its connection (and, for a
+/// body streamed to a tool, an upstream connection too) for as long as it
+/// keeps a byte coming within each read timeout. The header's own
+/// deadline is enforced above, before Pingora parses it; the body is read
+/// by the proxy, which asks this at every read.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyDeadline {
+    start: Instant,
+    timeout: Duration,
+    min_rate: u64,
+}
+
+impl BodyDeadline {
+    /// The deadline of a body whose header was read at `start`.
+    pub fn new(limits: &ConnectionLimits, start: std::time::Instant) -> BodyDeadline {
+        BodyDeadline {
+            start: start.into(),
+            timeout: limits.body_timeout,
+            min_rate: limits.body_min_rate,
+        }
+    }
+
+    /// When the body must be whole, `received` bytes into it.
+    pub fn at(&self, received: u64) -> Instant {
+        let earned = match self.min_rate {
+            0 => Duration::ZERO,
+            // Capped so no body size can overflow the clock.
+            rate => Duration::from_secs((received / rate).min(MAX_EARNED_SECS)),
+        };
+        self.start + self.timeout + earned
+    }
+
+    /// The answer once it has passed.
+    pub fn expired(&self) -> crate::error::GatewayError {
+        let earned = match self.min_rate {
+            0 => String::new(),
+            rate => format!(", and a second more per {rate} bytes received"),
+        };
+        crate::error::GatewayError::RequestTimeout(format!(
+            "the request body did not arrive in time ({} ms{earned})",
+            self.timeout.as_millis()
+        ))
     }
 }
 
@@ -110,13 +173,16 @@ pub enum Refusal {
     ClientShare,
     /// A request header did not arrive whole in time.
     HeaderTimeout,
+    /// A request header with a line ended by a bare LF (see [`scan`]).
+    Malformed,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 3] = [
+    pub const ALL: [Refusal; 4] = [
         Refusal::Capacity,
         Refusal::ClientShare,
         Refusal::HeaderTimeout,
+        Refusal::Malformed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -124,6 +190,7 @@ impl Refusal {
             Refusal::Capacity => "capacity",
             Refusal::ClientShare => "client_share",
             Refusal::HeaderTimeout => "header_timeout",
+            Refusal::Malformed => "malformed",
         }
     }
 
@@ -131,6 +198,7 @@ impl Refusal {
         match self {
             Refusal::Capacity | Refusal::ClientShare => REFUSED,
             Refusal::HeaderTimeout => TIMED_OUT,
+            Refusal::Malformed => MALFORMED,
         }
     }
 }
@@ -313,12 +381,14 @@ impl<A> Limited<A> {
                         header_by = Some(now + limits.header_timeout);
                         slow_at = Some(now + SLOW_AFTER);
                     }
-                    // A header's end may straddle two reads.
-                    let from = before.saturating_sub(3);
-                    if seen[from..].windows(4).any(|w| w == b"\r\n\r\n")
-                        || seen.len() >= HEADER_READ_AHEAD
-                    {
-                        break;
+                    match scan(&seen, before) {
+                        Scan::Complete => break,
+                        Scan::BareLf => {
+                            self.refuse(tcp, Refusal::Malformed, ip).await;
+                            return None;
+                        }
+                        Scan::Incomplete if seen.len() >= HEADER_READ_AHEAD => break,
+                        Scan::Incomplete => {}
                     }
                 }
             }
@@ -328,6 +398,45 @@ impl<A> Limited<A> {
         tcp.rewind(&seen);
         Some(tcp)
     }
+}
+
+/// What the bytes read so far say about a request header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scan {
+    /// It ends (`CRLF CRLF`) with every line ended by `CRLF`.
+    Complete,
+    /// Not whole yet.
+    Incomplete,
+    /// A line before its end is ended by a bare LF.
+    BareLf,
+}
+
+/// Scans a request header read so far (`seen`, of which `from..` is new)
+/// up to its end, by its line feeds: each must follow a CR (RFC 9112 2.2).
+///
+/// A bare LF is refused at once (400) rather than waited on: no `CRLF
+/// CRLF` would ever come, so the request used to hold its connection until
+/// the header deadline (408). And it must not be read leniently either:
+/// Pingora's parser (httparse) takes a bare LF as a line end, but a front
+/// proxy or other reader that splits lines only on CRLF sees
+/// `Host: x\nTransfer-Encoding: chunked` as one header, and two readers
+/// that disagree on where a header ends disagree on how the body is
+/// framed: request smuggling. Bytes past the header's end (the body) are
+/// not looked at.
+fn scan(seen: &[u8], from: usize) -> Scan {
+    let mut at = from;
+    while let Some(i) = seen[at..].iter().position(|b| *b == b'\n') {
+        let lf = at + i;
+        if lf == 0 || seen[lf - 1] != b'\r' {
+            return Scan::BareLf;
+        }
+        // The LF two back was checked when it was seen.
+        if lf >= 3 && seen[lf - 3] == b'\r' && seen[lf - 2] == b'\n' {
+            return Scan::Complete;
+        }
+        at = lf + 1;
+    }
+    Scan::Incomplete
 }
 
 /// One admitted connection's place; given back on drop.
@@ -418,6 +527,8 @@ static EPOCH: std::sync::LazyLock<std::time::Instant> =
     std::sync::LazyLock::new(std::time::Instant::now);
 
 const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nx-loopgate-error: gateway_overloaded\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 155\r\n\r\n{\"error\":{\"code\":\"gateway_overloaded\",\"type\":\"gateway_error\",\"message\":\"too many connections from this client or in all; retry shortly\",\"retryable\":true}}\n";
+
+const MALFORMED: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nx-loopgate-error: bad_request\r\nconnection: close\r\ncontent-length: 153\r\n\r\n{\"error\":{\"code\":\"bad_request\",\"type\":\"invalid_request_error\",\"message\":\"request header lines must end in CRLF; a bare LF is refused\",\"retryable\":false}}";
 
 const TIMED_OUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nx-loopgate-error: request_timeout\r\nconnection: close\r\ncontent-length: 138\r\n\r\n{\"error\":{\"code\":\"request_timeout\",\"type\":\"invalid_request_error\",\"message\":\"the request header did not arrive in time\",\"retryable\":true}}";
 
@@ -513,7 +624,7 @@ mod tests {
 
     #[test]
     fn refusals_are_well_formed_http() {
-        for answer in [REFUSED, TIMED_OUT] {
+        for answer in [REFUSED, TIMED_OUT, MALFORMED] {
             let head = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
             let text = std::str::from_utf8(&answer[..head]).unwrap();
             let len: usize = text
@@ -526,6 +637,68 @@ mod tests {
             let body: serde_json::Value = serde_json::from_slice(&answer[head + 4..]).unwrap();
             assert!(body["error"]["code"].is_string());
         }
+    }
+
+    #[test]
+    fn a_header_ends_at_crlf_crlf_and_a_bare_lf_is_refused() {
+        let whole = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(scan(whole, 0), Scan::Complete);
+        // Read a byte at a time, it is whole only at its last byte.
+        for n in 1..whole.len() {
+            assert_eq!(scan(&whole[..n], n - 1), Scan::Incomplete, "{n}");
+        }
+        assert_eq!(scan(whole, whole.len() - 1), Scan::Complete);
+        // The body after it is not the header's business.
+        assert_eq!(scan(b"POST / HTTP/1.1\r\n\r\na\nb\n", 0), Scan::Complete);
+        for bare in [
+            &b"GET / HTTP/1.1\nHost: x\n\n"[..],
+            b"GET / HTTP/1.1\r\nHost: x\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\n\r\n",
+            b"\nGET / HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\n",
+        ] {
+            assert_eq!(
+                scan(bare, 0),
+                Scan::BareLf,
+                "{:?}",
+                String::from_utf8_lossy(bare)
+            );
+            // However it is split across reads.
+            for n in 1..bare.len() {
+                let first = scan(&bare[..n], 0);
+                if first != Scan::BareLf {
+                    assert_eq!(first, Scan::Incomplete);
+                    assert_eq!(scan(bare, n), Scan::BareLf);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_body_earns_a_second_per_min_rate_bytes() {
+        let limits = ConnectionLimits {
+            body_timeout: Duration::from_secs(20),
+            body_min_rate: 1000,
+            ..ConnectionLimits::default()
+        };
+        let start = std::time::Instant::now();
+        let d = BodyDeadline::new(&limits, start);
+        let base = Instant::from_std(start) + Duration::from_secs(20);
+        assert_eq!(d.at(0), base);
+        assert_eq!(d.at(999), base);
+        assert_eq!(d.at(1000), base + Duration::from_secs(1));
+        assert_eq!(d.at(8_000_000), base + Duration::from_secs(8000));
+        let flat = BodyDeadline::new(
+            &ConnectionLimits {
+                body_min_rate: 0,
+                ..limits
+            },
+            start,
+        );
+        assert_eq!(flat.at(u64::MAX), base);
+        let e = d.expired();
+        assert_eq!((e.status(), e.code()), (408, "request_timeout"));
+        assert!(!flat.expired().message().contains("per 0 bytes"));
     }
 
     #[test]

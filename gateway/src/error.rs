@@ -15,6 +15,9 @@ pub enum GatewayError {
     Denied(Deny),
     /// The request could not be read (broken framing, client went away).
     BadRequest(String),
+    /// The agent did not deliver its request body in time
+    /// (`listen.connections.body_timeout_ms`): answered 408, closed.
+    RequestTimeout(String),
     /// The routed provider does not speak this endpoint's API.
     UnsupportedEndpoint { model: String },
     /// No connection could be made (refused, unreachable, TLS, unresolved).
@@ -61,6 +64,7 @@ impl GatewayError {
             GatewayError::UnsupportedEndpoint { .. } | GatewayError::BadRequest(_) => 400,
             GatewayError::UpstreamUnreachable(_) | GatewayError::UpstreamFailed(_) => 502,
             GatewayError::UpstreamTimeout(_) => 504,
+            GatewayError::RequestTimeout(_) => 408,
             GatewayError::CircuitOpen { .. }
             | GatewayError::BreakerUnavailable
             | GatewayError::Overloaded(_) => 503,
@@ -94,6 +98,7 @@ impl GatewayError {
             GatewayError::Denied(d) => d.code.as_str(),
             GatewayError::UnsupportedEndpoint { .. } => "unsupported_endpoint",
             GatewayError::BadRequest(_) => "bad_request",
+            GatewayError::RequestTimeout(_) => "request_timeout",
             GatewayError::UpstreamUnreachable(_) => "upstream_unreachable",
             GatewayError::UpstreamTimeout(_) => "upstream_timeout",
             GatewayError::UpstreamFailed(_) => "upstream_error",
@@ -108,9 +113,9 @@ impl GatewayError {
     pub fn error_type(&self) -> &'static str {
         match self {
             GatewayError::Denied(d) => d.code.error_type(),
-            GatewayError::UnsupportedEndpoint { .. } | GatewayError::BadRequest(_) => {
-                "invalid_request_error"
-            }
+            GatewayError::UnsupportedEndpoint { .. }
+            | GatewayError::BadRequest(_)
+            | GatewayError::RequestTimeout(_) => "invalid_request_error",
             GatewayError::UpstreamUnreachable(_)
             | GatewayError::UpstreamTimeout(_)
             | GatewayError::UpstreamFailed(_)
@@ -147,7 +152,8 @@ impl GatewayError {
             | GatewayError::CircuitOpen { .. }
             | GatewayError::BreakerUnavailable
             | GatewayError::Overloaded(_)
-            | GatewayError::Internal(_) => true,
+            | GatewayError::Internal(_)
+            | GatewayError::RequestTimeout(_) => true,
         }
     }
 
@@ -160,6 +166,7 @@ impl GatewayError {
                 )
             }
             GatewayError::BadRequest(m)
+            | GatewayError::RequestTimeout(m)
             | GatewayError::UpstreamUnreachable(m)
             | GatewayError::UpstreamTimeout(m)
             | GatewayError::UpstreamFailed(m)

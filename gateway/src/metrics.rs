@@ -168,7 +168,7 @@ impl Metrics {
                 &["server", "tool", "decision"]
             )),
             connections_refused: reg!(IntCounterVec::new(
-                counter("loopgate_connections_refused_total", "Agent connections the gateway ended before serving a request, by reason: capacity (listener full, nothing to reclaim), client_share (too many slow connections from one address), header_timeout (a header not whole in time)."),
+                counter("loopgate_connections_refused_total", "Agent connections the gateway ended before serving a request, by reason: capacity (listener full, nothing to reclaim), client_share (too many slow connections from one address), header_timeout (a header not whole in time), malformed (a header line ended by a bare LF)."),
                 &["reason"]
             )),
             connections_reclaimed: reg!(IntCounter::with_opts(counter(

@@ -53,6 +53,13 @@ pub(super) fn build_connections(
             c.header_timeout_ms,
             ms(d.header_timeout),
         )),
+        body_timeout: Duration::from_millis(positive(
+            errs,
+            "body_timeout_ms",
+            c.body_timeout_ms,
+            ms(d.body_timeout),
+        )),
+        body_min_rate: c.body_min_bytes_per_sec.unwrap_or(d.body_min_rate),
         idle_timeout: Duration::from_millis(positive(
             errs,
             "idle_timeout_ms",

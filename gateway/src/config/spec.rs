@@ -108,6 +108,17 @@ pub struct ConnectionsSpec {
     /// A request header arrives whole within this (default 15000).
     #[serde(default)]
     pub header_timeout_ms: Option<u64>,
+    /// A request body arrives whole within this of its header (default
+    /// 20000), plus a second for every `body_min_bytes_per_sec` bytes it
+    /// has delivered; 408 and closed otherwise.
+    #[serde(default)]
+    pub body_timeout_ms: Option<u64>,
+    /// Each this many body bytes received extend the body's deadline by a
+    /// second (default 16384): an honest large body on a slow link keeps
+    /// going, a trickle does not. 0: the deadline is `body_timeout_ms`
+    /// whatever the size.
+    #[serde(default)]
+    pub body_min_bytes_per_sec: Option<u64>,
     /// A kept-alive connection waits this long for its next request
     /// (default 60000), then is closed quietly.
     #[serde(default)]

@@ -485,13 +485,24 @@ pub async fn read_body(
     let mut gathered: Option<BytesMut> = None;
     let mut total = 0u64;
     loop {
-        let chunk = session
-            .downstream_session
-            .read_request_body()
-            .await
-            .map_err(|e| {
-                GatewayError::BadRequest(format!("could not read the request body: {e}"))
-            })?;
+        // Every read waits at most until the body's deadline, which its
+        // bytes so far have earned (see `BodyDeadline`).
+        let read = session.downstream_session.read_request_body();
+        let read = match intake.deadline {
+            Some(d) => match tokio::time::timeout_at(d.at(total), read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // The rest is still on its way: not reusable, and
+                    // nothing lingers for a client this slow.
+                    session.set_keepalive(None);
+                    return Err(d.expired());
+                }
+            },
+            None => read.await,
+        };
+        let chunk = read.map_err(|e| {
+            GatewayError::BadRequest(format!("could not read the request body: {e}"))
+        })?;
         let Some(chunk) = chunk else { break };
         total += chunk.len() as u64;
         if total > limit {

@@ -10,12 +10,15 @@
 //! A hold lives as long as the request (the body is replayed upstream from
 //! memory) and gives its bytes back when dropped.
 
+use crate::connections::BodyDeadline;
 use crate::error::GatewayError;
 use loopgate_policy::{Deny, DenyCode};
+use pingora_proxy::Session;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Bodies held at once by the whole gateway.
 pub const TOTAL_BYTES: u64 = 512 * 1024 * 1024;
@@ -118,15 +121,48 @@ impl Drop for Held {
     }
 }
 
-/// How admission reads a request's body: the bytes it holds, and whether a
-/// refused body must be read off before the connection closes.
+/// How admission reads a request's body: the bytes it holds, whether a
+/// refused body must be read off before the connection closes, and when
+/// the body must have arrived.
 #[derive(Debug, Default)]
 pub struct BodyIntake {
     pub linger: bool,
     pub hold: Option<Held>,
+    /// Set for every main request once its header is read.
+    pub deadline: Option<BodyDeadline>,
+    /// Bytes of a body Pingora streams upstream as it reads (one admission
+    /// did not read), so far.
+    pub streamed: u64,
 }
 
 impl BodyIntake {
+    /// A body streamed upstream: counts `more` bytes of it and gives
+    /// Pingora's next read of it what is left of the deadline. `Err` once
+    /// the deadline has passed with the body still incomplete.
+    pub fn stream(
+        &mut self,
+        session: &mut Session,
+        more: usize,
+        done: bool,
+    ) -> Result<(), GatewayError> {
+        let Some(d) = self.deadline else {
+            return Ok(());
+        };
+        self.streamed += more as u64;
+        if done {
+            return Ok(());
+        }
+        match d.at(self.streamed).checked_duration_since(Instant::now()) {
+            Some(left) if !left.is_zero() => {
+                // Pingora's own timeout on the next read of the body: one
+                // that never comes ends the exchange at the deadline too.
+                session.downstream_session.set_read_timeout(Some(left));
+                Ok(())
+            }
+            _ => Err(d.expired()),
+        }
+    }
+
     /// Counts `more` bytes; without a hold (no agent known yet) nothing is
     /// read, so nothing is counted.
     pub fn grow(&mut self, more: u64) -> Result<(), GatewayError> {

@@ -24,6 +24,10 @@ pub const BUDGET_CUT: ErrorType = ErrorType::Custom("budget_cut");
 /// The provider exceeded its total timeout.
 pub const TOTAL_TIMEOUT: ErrorType = ErrorType::Custom("total_timeout");
 
+/// A body streamed upstream missed its deadline (`BodyDeadline`): the
+/// agent's slowness, answered 408, never the provider's failure.
+pub const LATE_BODY: ErrorType = ErrorType::Custom("late_body");
+
 /// No attempt was made or is left (circuit open, budget spent, no target).
 pub const REFUSED: ErrorType = ErrorType::Custom("not_forwarded");
 
@@ -74,6 +78,11 @@ pub fn map_transport_error(e: &Error, provider: &str) -> GatewayError {
         return GatewayError::Overloaded(
             "the gateway has no free connection to the provider right now (out of local sockets); retry shortly".into(),
         );
+    }
+    if *e.esource() == ErrorSource::Downstream && e.etype() == &ReadTimedout {
+        // The agent's body stopped short of its deadline (see
+        // `BodyDeadline`): Pingora's read of it timed out.
+        return GatewayError::RequestTimeout("the request body did not arrive in time".into());
     }
     match e.etype() {
         ConnectTimedout | ConnectRefused | ConnectNoRoute | TLSWantX509Lookup

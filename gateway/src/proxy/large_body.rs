@@ -16,7 +16,10 @@ use super::failure::map_transport_error;
 use super::respond;
 use crate::error::GatewayError;
 use bytes::Bytes;
-use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
+use pingora_core::protocols::http::HttpTask;
+use pingora_proxy::subrequest::pipe::{
+    pipe_subrequest, InputBody, InputBodyType, PipeSubrequestError,
+};
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubrequestCtx};
 use pingora_proxy::Session;
 use std::sync::{Arc, Mutex};
@@ -82,15 +85,16 @@ pub async fn forward(
         InputBodyType::Preset(InputBody::NoBody),
     )
     .await;
-    let piped = match piped {
+    let failed = match piped {
         Ok(mut state) => {
             // Its `logging`, which reports, has run once this returns.
             if let Some(join) = state.join_handle.take() {
                 let _ = join.await;
             }
-            Ok(())
+            None
         }
-        Err(err) => Err(err),
+        // A subrequest reports its failure after its `logging`.
+        Err(err) => Some(err),
     };
     // What the subrequest learned belongs to this request's log and limits.
     let sub = report.lock().ok().and_then(|mut r| r.take());
@@ -111,26 +115,51 @@ pub async fn forward(
             ctx.upstream_done_at = Some(Instant::now());
         }
     }
-    match piped {
-        Ok(()) => Ok(()),
-        Err(err) => {
-            // The subrequest answers its own failures (fail_to_proxy runs
-            // there); only a failure before any header needs an answer here.
-            if err.state.header_received || respond::response_started(session) {
-                log::debug!(
-                    "request {}: large-body stream ended: {}",
-                    ctx.request_id,
-                    err.error
-                );
-                Ok(())
-            } else {
-                Err(map_transport_error(
-                    &err.error,
-                    ctx.served_by.as_deref().unwrap_or("?"),
-                ))
+    match failed {
+        None => Ok(()),
+        Some(err) => settle_failure(session, err, &ctx.request_id, ctx.served_by.as_deref()).await,
+    }
+}
+
+/// A pipe that ended in an error. The subrequest answers its own failures
+/// (`fail_to_proxy` runs there) and only then reports the error, but the
+/// pipe may see the report before the answer it wrote (two ready
+/// channels, polled in random order): the answer is still in the pipe, so
+/// it is written out here, as the pipe would have. A small body refused
+/// the same way gets the same answer (for example 503 `circuit_open` with
+/// `Retry-After`). `Err`: nothing was answered, and this is the answer.
+async fn settle_failure(
+    session: &mut Session,
+    mut err: PipeSubrequestError,
+    request_id: &str,
+    served_by: Option<&str>,
+) -> Result<(), GatewayError> {
+    let mut left = Vec::new();
+    if err.from_subreq {
+        if let Some(rx) = err.state.pipe_rx.as_mut() {
+            while let Ok(task) = rx.try_recv() {
+                left.push(task);
             }
         }
     }
+    let answered =
+        err.state.header_received || left.iter().any(|t| matches!(t, HttpTask::Header(..)));
+    if !left.is_empty() && (answered || respond::response_started(session)) {
+        if let Err(e) = session.write_response_tasks(left).await {
+            log::debug!("request {request_id}: could not write the subrequest's answer: {e}");
+        }
+    }
+    if answered || respond::response_started(session) {
+        log::debug!(
+            "request {request_id}: large-body stream ended: {}",
+            err.error
+        );
+        return Ok(());
+    }
+    // Nothing written: the failure's own answer, as a small body gets it.
+    Err(GatewayError::cause_of(&err.error)
+        .cloned()
+        .unwrap_or_else(|| map_transport_error(&err.error, served_by.unwrap_or("?"))))
 }
 
 /// In a subrequest's `request_filter`: takes over the main request's
@@ -198,4 +227,83 @@ pub fn report(ctx: &RequestCtx) -> bool {
         });
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pingora::http::ResponseHeader;
+    use pingora_proxy::subrequest::pipe::PipeSubrequestState;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A main session reading `POST /` from a client; the client's end.
+    async fn session() -> (Session, tokio::io::DuplexStream) {
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        client
+            .write_all(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let mut session = Session::new_h1(Box::new(server));
+        session.downstream_session.read_request().await.unwrap();
+        (session, client)
+    }
+
+    fn circuit_open() -> GatewayError {
+        GatewayError::CircuitOpen {
+            provider: "p".into(),
+            retry_after: std::time::Duration::from_secs(7),
+        }
+    }
+
+    /// The subrequest's failure as the pipe reports it, with `tasks` (its
+    /// answer) still in the pipe.
+    fn failure(tasks: Vec<HttpTask>) -> PipeSubrequestError {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        for t in tasks {
+            tx.try_send(t).unwrap();
+        }
+        let state = PipeSubrequestState {
+            pipe_rx: Some(rx),
+            ..PipeSubrequestState::default()
+        };
+        let e = super::super::failure::answer(super::super::failure::REFUSED, circuit_open());
+        PipeSubrequestError::new(e, true, state)
+    }
+
+    #[tokio::test]
+    async fn an_answer_still_in_the_pipe_is_written_out() {
+        let (mut session, mut client) = session().await;
+        let body = br#"{"error":{"code":"circuit_open"}}"#;
+        let mut head = ResponseHeader::build(503, None).unwrap();
+        head.insert_header("retry-after", "7").unwrap();
+        head.insert_header("content-length", body.len().to_string())
+            .unwrap();
+        let err = failure(vec![
+            HttpTask::Header(Box::new(head), false),
+            HttpTask::Body(Some(Bytes::from_static(body)), true),
+        ]);
+        assert!(settle_failure(&mut session, err, "r", None).await.is_ok());
+        drop(session);
+        let mut seen = Vec::new();
+        client.read_to_end(&mut seen).await.unwrap();
+        let seen = String::from_utf8_lossy(&seen);
+        assert!(seen.starts_with("HTTP/1.1 503"), "{seen}");
+        assert!(
+            seen.to_ascii_lowercase().contains("retry-after: 7"),
+            "{seen}"
+        );
+        assert!(seen.ends_with(std::str::from_utf8(body).unwrap()), "{seen}");
+    }
+
+    #[tokio::test]
+    async fn with_nothing_in_the_pipe_the_failure_is_its_own_answer() {
+        let (mut session, _client) = session().await;
+        let answer = settle_failure(&mut session, failure(vec![]), "r", None).await;
+        let e = answer.unwrap_err();
+        assert_eq!(e.code(), "circuit_open");
+        assert_eq!(e.status(), 503);
+        assert_eq!(e.retry_after_secs(), Some(7));
+    }
 }

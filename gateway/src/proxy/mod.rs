@@ -186,11 +186,18 @@ impl ProxyHttp for Gateway {
 
     async fn request_body_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
+        if ctx.admitted.as_ref().is_some_and(|a| !a.body_read) {
+            // A body streamed as it arrives: it keeps to its deadline.
+            let more = body.as_ref().map_or(0, Bytes::len);
+            ctx.intake
+                .stream(session, more, end_of_stream)
+                .map_err(|e| failure::answer(failure::LATE_BODY, e))?;
+        }
         // Our body for this attempt (renamed model, or the large-body
         // subrequest's judged bytes) replaces what Pingora replays. The
         // request body was read in full before, so the whole replay arrives
@@ -281,6 +288,14 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut Box<RequestCtx>,
     ) -> FailToProxy {
+        // Pingora closes the agent's connection after a failed exchange
+        // (whatever `can_reuse_downstream` says), so the answer must say
+        // `connection: close`: one that says keep-alive and then closes
+        // loses the agent's next request. A large-body subrequest answers
+        // through its main request, which keeps the connection.
+        if session.subrequest_ctx.is_none() {
+            session.set_keepalive(None);
+        }
         let error_code = respond::write_failure(session, ctx, e, &self.metrics).await;
         FailToProxy {
             error_code,

@@ -10,6 +10,7 @@ use super::env::Env;
 use super::features::Features;
 use super::ids::RequestIds;
 use super::{admit, large_body, respond, Gateway};
+use crate::connections::BodyDeadline;
 use crate::error::GatewayError;
 use admit::{Admitted, Answer};
 use pingora_proxy::Session;
@@ -56,6 +57,8 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<bool, GatewayError> {
         let cfg = self.config.load_full();
+        // The body (read here or streamed upstream) has a deadline too.
+        ctx.intake.deadline = Some(BodyDeadline::new(&cfg.connections, ctx.started));
         // What the call is, once: every later step (and every error's wire
         // format) reads it from here.
         let call = Call::classify(session.req_header());
@@ -118,6 +121,11 @@ impl Gateway {
         if large_body::needed(session, &adm, &body) {
             large_body::forward(session, ctx, adm, body).await?;
             return Ok(true);
+        }
+        if !adm.body_read {
+            // Pingora streams the body upstream as it reads it: its first
+            // read waits at most until the deadline.
+            ctx.intake.stream(session, 0, false)?;
         }
         ctx.features = Features::arm(&adm);
         Ok(false)
