@@ -455,20 +455,16 @@ pub async fn read_body(
         ))
     };
     let declared = declared_length(session.req_header())?;
-    // A client that asked to wait (`Expect: 100-continue`) sends the body only
-    // after we said so, which we do only once the cheap checks passed.
-    let expects_continue = session
-        .req_header()
-        .headers
-        .get(http::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     if declared.is_some_and(|n| n > limit) {
-        // The unread body stays on the wire: this connection cannot be reused.
+        // The unread body stays on the wire: this connection cannot be
+        // reused. A client that waits for 100 Continue sends nothing more.
         session.set_keepalive(None);
-        intake.linger = !expects_continue;
+        intake.linger = !expects_continue(session);
         return Err(too_large());
     }
-    if expects_continue {
+    if expects_continue(session) {
+        // It sends the body only after we said so, which we do only once
+        // the cheap checks passed.
         session
             .downstream_session
             .write_continue_response()
@@ -485,25 +481,9 @@ pub async fn read_body(
     let mut gathered: Option<BytesMut> = None;
     let mut total = 0u64;
     loop {
-        // Every read waits at most until the body's deadline, which its
-        // bytes so far have earned (see `BodyDeadline`).
-        let read = session.downstream_session.read_request_body();
-        let read = match intake.deadline {
-            Some(d) => match tokio::time::timeout_at(d.at(total), read).await {
-                Ok(r) => r,
-                Err(_) => {
-                    // The rest is still on its way: not reusable, and
-                    // nothing lingers for a client this slow.
-                    session.set_keepalive(None);
-                    return Err(d.expired());
-                }
-            },
-            None => read.await,
+        let Some(chunk) = read_chunk(session, intake, total).await? else {
+            break;
         };
-        let chunk = read.map_err(|e| {
-            GatewayError::BadRequest(format!("could not read the request body: {e}"))
-        })?;
-        let Some(chunk) = chunk else { break };
         total += chunk.len() as u64;
         if total > limit {
             session.set_keepalive(None);
@@ -529,6 +509,39 @@ pub async fn read_body(
         }
     }
     Ok(gathered.map_or(first, BytesMut::freeze))
+}
+
+/// `Expect: 100-continue`: the client waits to be told to send its body.
+fn expects_continue(session: &Session) -> bool {
+    session
+        .req_header()
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// The next piece of the body, `None` at its end. Every read waits at
+/// most until the body's deadline, which its `total` bytes so far have
+/// earned (see `BodyDeadline`).
+async fn read_chunk(
+    session: &mut Session,
+    intake: &super::buffers::BodyIntake,
+    total: u64,
+) -> Result<Option<Bytes>, GatewayError> {
+    let read = session.downstream_session.read_request_body();
+    let read = match intake.deadline {
+        Some(d) => match tokio::time::timeout_at(d.at(total), read).await {
+            Ok(r) => r,
+            Err(_) => {
+                // The rest is still on its way: not reusable, and nothing
+                // lingers for a client this slow.
+                session.set_keepalive(None);
+                return Err(d.expired());
+            }
+        },
+        None => read.await,
+    };
+    read.map_err(|e| GatewayError::BadRequest(format!("could not read the request body: {e}")))
 }
 
 /// Bounds on reading and discarding a refused body after answering, so the
