@@ -425,7 +425,8 @@ enum Scan {
 /// not looked at.
 fn scan(seen: &[u8], from: usize) -> Scan {
     let mut at = from;
-    while let Some(i) = seen[at..].iter().position(|b| *b == b'\n') {
+    // memchr: a byte-at-a-time search cost ~4 instructions a header byte.
+    while let Some(i) = memchr::memchr(b'\n', &seen[at..]) {
         let lf = at + i;
         if lf == 0 || seen[lf - 1] != b'\r' {
             return Scan::BareLf;
