@@ -10,8 +10,6 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
-
 /// A chat completion as raw bytes, `connection` being `close` or `keep-alive`.
 fn chat_request(connection: &str) -> String {
     format!(

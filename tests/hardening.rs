@@ -12,14 +12,7 @@ fn config(mock: &Mock) -> String {
         r#"
 listen: 127.0.0.1:{{PORT}}
 threads: 2
-providers:
-  oa:
-    kind: openai_compatible
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-routes:
-  - models: [gpt-4o-mini, gpt-4o-search-preview]
-    targets: [ {{ provider: oa }} ]
+{providers}
 mcp_servers:
   files:
     url: "{mock}/mcp"
@@ -38,28 +31,15 @@ agents:
     tools: [web_search]
 "#,
         mock = mock.url(),
+        providers = oa_provider(mock, "gpt-4o-mini, gpt-4o-search-preview", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         search = sha256_hex(SEARCH_KEY.as_bytes()),
     )
 }
 
 fn chat(gw: &Gateway, key: &str, headers: &[&str], body: &Value) -> Resp {
-    let mut args = vec![
-        "-X".to_string(),
-        "POST".into(),
-        gw.url("/v1/chat/completions"),
-        "-H".into(),
-        auth(key),
-        "-H".into(),
-        "content-type: application/json".into(),
-    ];
-    for h in headers {
-        args.push("-H".into());
-        args.push(h.to_string());
-    }
-    args.push("--data-binary".into());
-    args.push(body.to_string());
-    curl(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    let args: Vec<&str> = headers.iter().flat_map(|h| ["-H", h]).collect();
+    post_json(gw, key, "/v1/chat/completions", &args, body.to_string())
 }
 
 fn hi(model: &str) -> Value {
@@ -208,15 +188,7 @@ fn one_agent_cannot_switch_off_another_agents_guards() {
 listen: 127.0.0.1:{{PORT}}
 threads: 2
 state: {{ backend: memory, tasks_per_agent: 20, sessions_per_agent: 2 }}
-providers:
-  oa:
-    kind: openai_compatible
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-    breaker: {{ consecutive_failures: 2, open_ms: 1500, isolate_by: agent }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
+{providers}
 mcp_servers:
   files:
     url: "{mock}/mcp"
@@ -237,6 +209,11 @@ agents:
       files: {{ tools: [read_file] }}
 "#,
         mock = mock.url(),
+        providers = oa_provider(
+            &mock,
+            "gpt-4o-mini",
+            "breaker: { consecutive_failures: 2, open_ms: 1500, isolate_by: agent }"
+        ),
         victim = sha256_hex(AGENT_KEY.as_bytes()),
         flood = sha256_hex(FLOOD_KEY.as_bytes()),
     ));
@@ -337,22 +314,18 @@ fn calls_refused_by_an_open_circuit_leave_no_task_state() {
         r#"
 listen: 127.0.0.1:{{PORT}}
 threads: 2
-providers:
-  oa:
-    kind: openai_compatible
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-    breaker: {{ consecutive_failures: 1, open_ms: 1000 }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
+{providers}
 agents:
   tester:
     key_sha256: "{agent}"
     models: [gpt-4o-mini]
     loop_guard: {{ window: 10, repeats: 3 }}
 "#,
-        mock = mock.url(),
+        providers = oa_provider(
+            &mock,
+            "gpt-4o-mini",
+            "breaker: { consecutive_failures: 1, open_ms: 1000 }"
+        ),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
     ));
     let r = chat(&gw, AGENT_KEY, &["x-mock-status: 500"], &hi("gpt-4o-mini"));

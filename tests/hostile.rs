@@ -15,21 +15,7 @@ fn config(mock: &Mock) -> String {
 listen: 127.0.0.1:{{PORT}}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}", token_env: LOOPGATE_TEST_ADMIN_TOKEN }}
 threads: 2
-providers:
-  oa:
-    kind: openai_compatible
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-    breaker: {{ consecutive_failures: 3, open_ms: 60000 }}
-  an:
-    kind: anthropic
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
-  - models: ["claude-3-5-haiku*"]
-    targets: [ {{ provider: an }} ]
+{providers}
 tools:
   weather:
     base_url: "{mock}/echo/weather"
@@ -71,6 +57,7 @@ agents:
     forward_headers: [anthropic-beta]
 "#,
         mock = mock.url(),
+        providers = oa_an_providers(mock, "breaker: { consecutive_failures: 3, open_ms: 60000 }"),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
         bulk = sha256_hex(BULK_KEY.as_bytes()),
@@ -179,8 +166,6 @@ fn post_req(path: &str, extra: &str, body: &str) -> Vec<u8> {
     )
     .into_bytes()
 }
-
-const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
 
 /// The gateway still answers an ordinary call.
 fn still_serves(gw: &Gateway) {

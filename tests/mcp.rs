@@ -14,11 +14,7 @@ fn config(mock: &Mock, extra_server: &str) -> String {
 listen: 127.0.0.1:{{PORT}}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}" }}
 threads: 2
-providers:
-  oa: {{ kind: openai_compatible, base_url: "{mock}" }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
+{providers}
 mcp_servers:
   files:
     url: "{mock}/mcp"
@@ -50,6 +46,7 @@ agents:
       files: {{ tools: [read_file] }}
 "#,
         mock = mock.url(),
+        providers = oa_provider(mock, "gpt-4o-mini", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         other = sha256_hex(OTHER_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
@@ -58,21 +55,12 @@ agents:
 }
 
 fn rpc(gw: &Gateway, key: &str, body: &Value, extra: &[&str]) -> Resp {
-    let url = gw.url("/mcp/files");
-    let auth = auth(key);
-    let body = body.to_string();
-    let mut args = vec![
-        url.as_str(),
-        "-H",
-        &auth,
-        "-H",
-        "content-type: application/json",
-        "-H",
-        "accept: application/json, text/event-stream",
-    ];
-    args.extend_from_slice(extra);
-    args.extend(["-d", body.as_str()]);
-    curl(&args)
+    let args = [
+        &["-H", "accept: application/json, text/event-stream"],
+        extra,
+    ]
+    .concat();
+    post_json(gw, key, "/mcp/files", &args, body.to_string())
 }
 
 fn msg(id: u64, method: &str, params: Value) -> Value {

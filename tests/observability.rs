@@ -14,33 +14,24 @@ listen: 127.0.0.1:{{PORT}}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}", token_env: LOOPGATE_TEST_ADMIN_TOKEN{admin_extra} }}
 access_log: {{ path: "{log}" }}
 threads: 2
-providers:
-  oa:
-    kind: openai_compatible
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-    breaker: {{ consecutive_failures: 2, open_ms: 60000 }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
+{providers}
 agents:
   tester:
     key_sha256: "{agent}"
     models: [gpt-4o-mini]
 "#,
-        mock = mock.url(),
+        providers = oa_provider(
+            mock,
+            "gpt-4o-mini",
+            "breaker: { consecutive_failures: 2, open_ms: 60000 }"
+        ),
         log = dir.join("access.log").display(),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
     )
 }
 
 fn chat(gw: &Gateway, extra: &[&str], body: &str) -> Resp {
-    let url = gw.url("/v1/chat/completions");
-    let key = auth(AGENT_KEY);
-    let mut args = vec![url.as_str(), "-H", &key];
-    args.extend_from_slice(extra);
-    args.extend(["-d", body]);
-    curl(&args)
+    post_json(gw, AGENT_KEY, "/v1/chat/completions", extra, body)
 }
 
 fn admin(gw: &Gateway, method: &str, path: &str, token: Option<&str>) -> Resp {

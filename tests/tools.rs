@@ -8,11 +8,7 @@ fn config(mock: &Mock, breaker: &str) -> String {
         r#"
 listen: 127.0.0.1:{{PORT}}
 threads: 2
-providers:
-  oa: {{ kind: openai_compatible, base_url: "{mock}" }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
+{providers}
 tools:
   weather:
     base_url: "{mock}/echo/weather"
@@ -48,6 +44,7 @@ agents:
     models: [gpt-4o-mini]
 "#,
         mock = mock.url(),
+        providers = oa_provider(mock, "gpt-4o-mini", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
     )
@@ -281,21 +278,13 @@ fn a_tool_breaker_opens_on_a_500_storm_and_half_open_sends_only_the_probe() {
 }
 
 fn post(gw: &Gateway, path: &str, key: Option<&str>, extra: &[&str], body: &[u8]) -> Resp {
-    let url = gw.url(path);
-    let auth = auth(AGENT_KEY);
     let k = key.map(|k| format!("Idempotency-Key: {k}"));
-    let mut args = vec![
-        url.as_str(),
-        "-H",
-        &auth,
-        "-H",
-        "content-type: application/json",
-    ];
+    let mut args = vec![];
     if let Some(k) = &k {
         args.extend(["-H", k.as_str()]);
     }
     args.extend_from_slice(extra);
-    curl_body(&args, body)
+    post_json(gw, AGENT_KEY, path, &args, body)
 }
 
 fn tool_calls(mock: &Mock, path: &str) -> usize {
