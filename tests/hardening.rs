@@ -131,21 +131,8 @@ fn mcp_resource_uris_with_dot_segments_after_a_query_or_fragment_are_refused() {
     let read = |id: u64, uri: &str| {
         let body =
             json!({"jsonrpc": "2.0", "id": id, "method": "resources/read", "params": {"uri": uri}});
-        curl(&[
-            "-X",
-            "POST",
-            &gw.url("/mcp/files"),
-            "-H",
-            &auth(AGENT_KEY),
-            "-H",
-            "x-agent-task-id: mcp-1",
-            "-H",
-            "content-type: application/json",
-            "-H",
-            "accept: application/json, text/event-stream",
-            "--data-binary",
-            &body.to_string(),
-        ])
+        let task = ["-H", "x-agent-task-id: mcp-1"];
+        post_mcp(&gw, AGENT_KEY, "files", &task, body.to_string())
     };
     for (i, uri) in [
         "file:///public/a?/../../secret/k",
@@ -219,19 +206,8 @@ agents:
     ));
     let task = |t: &str| format!("x-agent-task-id: {t}");
     let initialize = |key: &str| {
-        curl(&[
-            "-X",
-            "POST",
-            &gw.url("/mcp/files"),
-            "-H",
-            &auth(key),
-            "-H",
-            "content-type: application/json",
-            "-H",
-            "accept: application/json, text/event-stream",
-            "--data-binary",
-            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).to_string(),
-        ])
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+        post_mcp(&gw, key, "files", &[], init.to_string())
     };
     // The victim's state: a loop two calls in, a watchdog four steps in,
     // an MCP session.
@@ -287,21 +263,13 @@ agents:
         .assert_gateway_error(409, "loop_detected");
     differing["messages"][0]["content"] = json!("step 4");
     chat(&gw, AGENT_KEY, &[&task("steps-1")], &differing).assert_gateway_error(429, "task_stopped");
-    let r = curl(&[
-        "-X",
-        "POST",
-        &gw.url("/mcp/files"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-H",
-        &format!("mcp-session-id: {sid}"),
-        "-H",
-        "content-type: application/json",
-        "-H",
-        "accept: application/json, text/event-stream",
-        "--data-binary",
+    let r = post_mcp(
+        &gw,
+        AGENT_KEY,
+        "files",
+        &["-H", &format!("mcp-session-id: {sid}")],
         r#"{"jsonrpc":"2.0","id":2,"method":"ping","params":{}}"#,
-    ]);
+    );
     assert_eq!(r.status, 200, "the victim's session lives: {}", r.text());
 }
 

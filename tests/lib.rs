@@ -745,6 +745,20 @@ pub fn post_json(
     curl_body(&args, body.as_ref())
 }
 
+/// A JSON-RPC `body` to MCP server `server` (`/mcp/{server}`) as the agent
+/// with `key`, accepting JSON or SSE as MCP clients do (see [`post_json`]).
+pub fn post_mcp(
+    gw: &Gateway,
+    key: &str,
+    server: &str,
+    extra: &[&str],
+    body: impl AsRef<[u8]>,
+) -> Resp {
+    let path = format!("/mcp/{server}");
+    let accept = ["-H", "accept: application/json, text/event-stream"];
+    post_json(gw, key, &path, &[&accept, extra].concat(), body)
+}
+
 /// [`CHAT`] to `/v1/chat/completions` as the agent with `key` (see
 /// [`post_json`]).
 pub fn post_chat(gw: &Gateway, key: &str, extra: &[&str]) -> Resp {

@@ -473,23 +473,12 @@ fn mcp_servers_follow_their_fail_mode_when_redis_is_lost() {
     let mut redis = Redis::start();
     let gw = Gateway::start(&config(&mock, &redis, ""));
     let post = |server: &str, sid: Option<&str>, body: &str| {
-        let url = gw.url(&format!("/mcp/{server}"));
-        let auth = auth(RPM_KEY);
         let sid = sid.map(|s| format!("mcp-session-id: {s}"));
-        let mut args = vec![
-            url.as_str(),
-            "-m",
-            "20",
-            "-H",
-            &auth,
-            "-H",
-            "content-type: application/json",
-        ];
+        let mut args = vec!["-m", "20"];
         if let Some(s) = &sid {
             args.extend(["-H", s.as_str()]);
         }
-        args.extend(["-d", body]);
-        curl(&args)
+        post_json(&gw, RPM_KEY, &format!("/mcp/{server}"), &args, body)
     };
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
     let call = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/a"}}}"#;
