@@ -286,27 +286,19 @@ fn a_fallback_to_another_model_gets_that_models_field_and_maximum() {
 fn a_watchdog_degrade_to_another_model_gets_that_models_field_and_maximum() {
     let (mock, gw) = start();
     let body = chat("gpt-5-mini", json!({"max_completion_tokens": 50_000}));
-    let task = "x-agent-task-id: t1";
-    let r = post(
-        &gw,
-        DEGRADER_KEY,
-        "/v1/chat/completions",
-        &body,
-        &["-H", task],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
+    // The same step of task t1, twice: the second is past the red line.
+    let step = || {
+        let task = ["-H", "x-agent-task-id: t1"];
+        let r = post(&gw, DEGRADER_KEY, "/v1/chat/completions", &body, &task);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r
+    };
+    step();
     assert_eq!(
         limits(&forwarded(&mock)),
         [("max_completion_tokens", json!(50_000))]
     );
-    let r = post(
-        &gw,
-        DEGRADER_KEY,
-        "/v1/chat/completions",
-        &body,
-        &["-H", task],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = step();
     assert_eq!(
         r.header("x-loopgate-degraded"),
         Some("gpt-5-mini->gpt-4o-mini")
