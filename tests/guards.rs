@@ -8,17 +8,15 @@ use serde_json::Value;
 fn config(mock: &Mock, guards: &str) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
+{head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}" }}
-threads: 2
-{providers}
 agents:
   tester:
     key_sha256: "{agent}"
     models: [gpt-4o, gpt-4o-mini]
 {guards}
 "#,
-        providers = oa_provider(mock, "gpt-4o, gpt-4o-mini", ""),
+        head = config_head(mock, "gpt-4o, gpt-4o-mini", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
     )
 }

@@ -10,9 +10,7 @@ const SEARCH_KEY: &str = "hardening-search-key-0007";
 fn config(mock: &Mock) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
-threads: 2
-{providers}
+{head}
 mcp_servers:
   files:
     url: "{mock}/mcp"
@@ -31,7 +29,7 @@ agents:
     tools: [web_search]
 "#,
         mock = mock.url(),
-        providers = oa_provider(mock, "gpt-4o-mini, gpt-4o-search-preview", ""),
+        head = config_head(mock, "gpt-4o-mini, gpt-4o-search-preview", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         search = sha256_hex(SEARCH_KEY.as_bytes()),
     )
@@ -172,10 +170,8 @@ fn one_agent_cannot_switch_off_another_agents_guards() {
     let mock = Mock::start();
     let gw = Gateway::start(&format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
-threads: 2
+{head}
 state: {{ backend: memory, tasks_per_agent: 20, sessions_per_agent: 2 }}
-{providers}
 mcp_servers:
   files:
     url: "{mock}/mcp"
@@ -196,7 +192,7 @@ agents:
       files: {{ tools: [read_file] }}
 "#,
         mock = mock.url(),
-        providers = oa_provider(
+        head = config_head(
             &mock,
             "gpt-4o-mini",
             "breaker: { consecutive_failures: 2, open_ms: 1500, isolate_by: agent }"
@@ -280,16 +276,14 @@ fn calls_refused_by_an_open_circuit_leave_no_task_state() {
     let mock = Mock::start();
     let gw = Gateway::start(&format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
-threads: 2
-{providers}
+{head}
 agents:
   tester:
     key_sha256: "{agent}"
     models: [gpt-4o-mini]
     loop_guard: {{ window: 10, repeats: 3 }}
 "#,
-        providers = oa_provider(
+        head = config_head(
             &mock,
             "gpt-4o-mini",
             "breaker: { consecutive_failures: 1, open_ms: 1000 }"

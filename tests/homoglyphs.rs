@@ -9,9 +9,7 @@ use serde_json::{json, Value};
 fn config(mock: &Mock) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
-threads: 2
-{providers}
+{head}
 policy:
   blocked_phrases: ["ignore previous instructions", "developer mode", "ИГНОРИРУЙ"]
 agents:
@@ -20,7 +18,7 @@ agents:
     models: [gpt-4o-mini, "claude-3-5-haiku*"]
     tools: [lookup_invoice]
 "#,
-        providers = oa_an_providers(mock, ""),
+        head = config_head_with_anthropic(mock, ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
     )
 }

@@ -12,10 +12,8 @@ use std::time::Duration;
 fn config(mock: &Mock) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
+{head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}", token_env: LOOPGATE_TEST_ADMIN_TOKEN }}
-threads: 2
-{providers}
 tools:
   weather:
     base_url: "{mock}/echo/weather"
@@ -57,7 +55,10 @@ agents:
     forward_headers: [anthropic-beta]
 "#,
         mock = mock.url(),
-        providers = oa_an_providers(mock, "breaker: { consecutive_failures: 3, open_ms: 60000 }"),
+        head = config_head_with_anthropic(
+            mock,
+            "breaker: { consecutive_failures: 3, open_ms: 60000 }"
+        ),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
         bulk = sha256_hex(BULK_KEY.as_bytes()),

@@ -242,6 +242,19 @@ policy:
     )
 }
 
+/// The head of most test configs: `listen` on `{PORT}`, `threads: 2`, and
+/// [`oa_provider`]'s providers and routes.
+pub fn config_head(mock: &Mock, models: &str, oa_settings: &str) -> String {
+    format!("{LISTEN}{}", oa_provider(mock, models, oa_settings))
+}
+
+/// As [`config_head`], with [`oa_an_providers`]'s providers and routes.
+pub fn config_head_with_anthropic(mock: &Mock, oa_settings: &str) -> String {
+    format!("{LISTEN}{}", oa_an_providers(mock, oa_settings))
+}
+
+const LISTEN: &str = "listen: 127.0.0.1:{PORT}\nthreads: 2\n";
+
 /// The `providers:` and `routes:` of a test config with one provider, `oa`
 /// (OpenAI-compatible, at `mock`, with the upstream key), serving `models`
 /// (a YAML list's items, e.g. `gpt-4o-mini`). `oa_settings` adds settings
@@ -719,7 +732,7 @@ pub fn auth(key: &str) -> String {
     format!("Authorization: Bearer {key}")
 }
 
-/// The smallest chat completion every test agent may send.
+/// A one-message chat completion for `gpt-4o-mini`.
 pub const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
 
 /// POSTs `body` to `path` as the agent with `key`, as JSON

@@ -11,10 +11,8 @@ const TRIAL_KEY: &str = "mcp-trial-agent-key-3";
 fn config(mock: &Mock, extra_server: &str) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
+{head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}" }}
-threads: 2
-{providers}
 mcp_servers:
   files:
     url: "{mock}/mcp"
@@ -46,7 +44,7 @@ agents:
       files: {{ tools: [read_file] }}
 "#,
         mock = mock.url(),
-        providers = oa_provider(mock, "gpt-4o-mini", ""),
+        head = config_head(mock, "gpt-4o-mini", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         other = sha256_hex(OTHER_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),

@@ -10,17 +10,15 @@ const PROMPT: &str = "confidential-prompt-text-4471";
 fn config(mock: &Mock, dir: &std::path::Path, admin_extra: &str) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
+{head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}", token_env: LOOPGATE_TEST_ADMIN_TOKEN{admin_extra} }}
 access_log: {{ path: "{log}" }}
-threads: 2
-{providers}
 agents:
   tester:
     key_sha256: "{agent}"
     models: [gpt-4o-mini]
 "#,
-        providers = oa_provider(
+        head = config_head(
             mock,
             "gpt-4o-mini",
             "breaker: { consecutive_failures: 2, open_ms: 60000 }"

@@ -11,10 +11,8 @@ const WATCHER_KEY: &str = "watcher-key-0006";
 fn config(mock: &Mock) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
+{head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}" }}
-threads: 2
-{providers}
 policy:
   blocked_phrases: ["ignore previous instructions", "developer mode", "ИГНОРИРУЙ"]
 agents:
@@ -43,7 +41,7 @@ agents:
     requests_per_minute: 1
     mode: dry_run
 "#,
-        providers = oa_an_providers(mock, ""),
+        head = config_head_with_anthropic(mock, ""),
         guarded = sha256_hex(GUARDED_KEY.as_bytes()),
         streamer = sha256_hex(STREAMER_KEY.as_bytes()),
         tokens = sha256_hex(TOKENS_KEY.as_bytes()),

@@ -6,9 +6,7 @@ use loopgate_tests::*;
 fn config(mock: &Mock, breaker: &str) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
-threads: 2
-{providers}
+{head}
 tools:
   weather:
     base_url: "{mock}/echo/weather"
@@ -44,7 +42,7 @@ agents:
     models: [gpt-4o-mini]
 "#,
         mock = mock.url(),
-        providers = oa_provider(mock, "gpt-4o-mini", ""),
+        head = config_head(mock, "gpt-4o-mini", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
     )
