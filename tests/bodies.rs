@@ -22,8 +22,6 @@ fn chat_body(size: usize) -> Vec<u8> {
 fn bodies_around_and_far_past_64k_arrive_intact() {
     let mock = Mock::start();
     let gw = Gateway::start_default(&mock);
-    let chat = gw.url("/v1/chat/completions");
-    let key = auth(AGENT_KEY);
     let sizes = [
         60 * 1024,
         64 * 1024,
@@ -36,17 +34,12 @@ fn bodies_around_and_far_past_64k_arrive_intact() {
     for size in sizes {
         let body = chat_body(size);
         for chunked in [false, true] {
-            let mut args = vec![
-                chat.as_str(),
-                "-H",
-                &key,
-                "-H",
-                "content-type: application/json",
-            ];
-            if chunked {
-                args.extend(["-H", "Transfer-Encoding: chunked"]);
-            }
-            let r = curl_body(&args, &body);
+            let framing: &[&str] = if chunked {
+                &["-H", "Transfer-Encoding: chunked"]
+            } else {
+                &[]
+            };
+            let r = post_json(&gw, AGENT_KEY, "/v1/chat/completions", framing, &body);
             assert_eq!(r.status, 200, "size {size} chunked {chunked}: {}", r.text());
             assert_eq!(r.json()["object"], "chat.completion");
             let seen = mock.last_request();
@@ -112,10 +105,7 @@ fn large_body_denials_and_failures_are_still_structured() {
     let mut body = chat_body(1024 * 1024);
     let at = body.windows(11).position(|w| w == b"gpt-4o-mini").unwrap();
     body.splice(at..at + 11, b"gpt-4o-nano".iter().copied());
-    let r = curl_body(
-        &[&gw.url("/v1/chat/completions"), "-H", &auth(AGENT_KEY)],
-        &body,
-    );
+    let r = post_json(&gw, AGENT_KEY, "/v1/chat/completions", &[], &body);
     r.assert_gateway_error(403, "model_not_allowed");
     assert_eq!(
         mock.connections(),
@@ -125,14 +115,11 @@ fn large_body_denials_and_failures_are_still_structured() {
     assert!(mock.requests().is_empty());
     // A provider failure on the large-body path keeps the provider's answer.
     let body = chat_body(200 * 1024);
-    let r = curl_body(
-        &[
-            &gw.url("/v1/chat/completions"),
-            "-H",
-            &auth(AGENT_KEY),
-            "-H",
-            "x-mock-status: 503",
-        ],
+    let r = post_json(
+        &gw,
+        AGENT_KEY,
+        "/v1/chat/completions",
+        &["-H", "x-mock-status: 503"],
         &body,
     );
     assert_eq!(r.status, 503);

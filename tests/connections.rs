@@ -10,8 +10,6 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
-
 /// A chat completion as raw bytes, `connection` being `close` or `keep-alive`.
 fn chat_request(connection: &str) -> String {
     format!(
@@ -389,18 +387,24 @@ fn bad_connection_limits_name_the_field() {
     }
 }
 
+/// The default gateway writing its access log to a fresh file: the
+/// gateway and the log's path.
+fn logging_gateway(mock: &Mock, tag: &str) -> (Gateway, std::path::PathBuf) {
+    let log = scratch_dir(tag).join("access.log");
+    let gw = Gateway::start(&format!(
+        "{}\naccess_log: {{ path: \"{}\" }}\n",
+        default_config(mock),
+        log.display()
+    ));
+    (gw, log)
+}
+
 /// A client may half-close after its whole request (`nc -N`, HTTP/1.0
 /// style): it is answered, and the access log says what happened upstream.
 #[test]
 fn a_half_closed_client_is_answered_and_logged_truly() {
     let mock = Mock::start();
-    let dir = scratch_dir("half-close");
-    let log = dir.join("access.log");
-    let gw = Gateway::start(&format!(
-        "{}\naccess_log: {{ path: \"{}\" }}\n",
-        default_config(&mock),
-        log.display()
-    ));
+    let (gw, log) = logging_gateway(&mock, "half-close");
     for i in 0..5 {
         let mut s = TcpStream::connect(gw.addr).unwrap();
         let req = chat_request("close").replace(
@@ -446,13 +450,7 @@ fn a_half_closed_client_is_answered_and_logged_truly() {
 #[test]
 fn an_agent_that_leaves_mid_stream_is_logged_as_such() {
     let mock = Mock::start();
-    let dir = scratch_dir("client-left");
-    let log = dir.join("access.log");
-    let gw = Gateway::start(&format!(
-        "{}\naccess_log: {{ path: \"{}\" }}\n",
-        default_config(&mock),
-        log.display()
-    ));
+    let (gw, log) = logging_gateway(&mock, "client-left");
     let body =
         r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let req = format!(

@@ -8,36 +8,27 @@ use serde_json::Value;
 fn config(mock: &Mock, guards: &str) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
+{head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}" }}
-threads: 2
-providers:
-  oa: {{ kind: openai_compatible, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
-routes:
-  - models: [gpt-4o, gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
 agents:
   tester:
     key_sha256: "{agent}"
     models: [gpt-4o, gpt-4o-mini]
 {guards}
 "#,
-        mock = mock.url(),
+        head = config_head(mock, "gpt-4o, gpt-4o-mini", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
     )
 }
 
 fn call(gw: &Gateway, task: Option<&str>, extra: &[&str], body: &str) -> Resp {
-    let url = gw.url("/v1/chat/completions");
-    let key = auth(AGENT_KEY);
     let task_h = task.map(|t| format!("x-agent-task-id: {t}"));
-    let mut args = vec![url.as_str(), "-H", &key];
+    let mut args = vec![];
     if let Some(t) = &task_h {
         args.extend(["-H", t.as_str()]);
     }
     args.extend_from_slice(extra);
-    args.extend(["-d", body]);
-    curl(&args)
+    post_json(gw, AGENT_KEY, "/v1/chat/completions", &args, body)
 }
 
 fn ask(q: &str) -> String {

@@ -10,16 +10,7 @@ const SEARCH_KEY: &str = "hardening-search-key-0007";
 fn config(mock: &Mock) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
-threads: 2
-providers:
-  oa:
-    kind: openai_compatible
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-routes:
-  - models: [gpt-4o-mini, gpt-4o-search-preview]
-    targets: [ {{ provider: oa }} ]
+{head}
 mcp_servers:
   files:
     url: "{mock}/mcp"
@@ -38,28 +29,15 @@ agents:
     tools: [web_search]
 "#,
         mock = mock.url(),
+        head = config_head(mock, "gpt-4o-mini, gpt-4o-search-preview", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         search = sha256_hex(SEARCH_KEY.as_bytes()),
     )
 }
 
 fn chat(gw: &Gateway, key: &str, headers: &[&str], body: &Value) -> Resp {
-    let mut args = vec![
-        "-X".to_string(),
-        "POST".into(),
-        gw.url("/v1/chat/completions"),
-        "-H".into(),
-        auth(key),
-        "-H".into(),
-        "content-type: application/json".into(),
-    ];
-    for h in headers {
-        args.push("-H".into());
-        args.push(h.to_string());
-    }
-    args.push("--data-binary".into());
-    args.push(body.to_string());
-    curl(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    let args: Vec<&str> = headers.iter().flat_map(|h| ["-H", h]).collect();
+    post_json(gw, key, "/v1/chat/completions", &args, body.to_string())
 }
 
 fn hi(model: &str) -> Value {
@@ -151,21 +129,8 @@ fn mcp_resource_uris_with_dot_segments_after_a_query_or_fragment_are_refused() {
     let read = |id: u64, uri: &str| {
         let body =
             json!({"jsonrpc": "2.0", "id": id, "method": "resources/read", "params": {"uri": uri}});
-        curl(&[
-            "-X",
-            "POST",
-            &gw.url("/mcp/files"),
-            "-H",
-            &auth(AGENT_KEY),
-            "-H",
-            "x-agent-task-id: mcp-1",
-            "-H",
-            "content-type: application/json",
-            "-H",
-            "accept: application/json, text/event-stream",
-            "--data-binary",
-            &body.to_string(),
-        ])
+        let task = ["-H", "x-agent-task-id: mcp-1"];
+        post_mcp(&gw, AGENT_KEY, "files", &task, body.to_string())
     };
     for (i, uri) in [
         "file:///public/a?/../../secret/k",
@@ -205,18 +170,8 @@ fn one_agent_cannot_switch_off_another_agents_guards() {
     let mock = Mock::start();
     let gw = Gateway::start(&format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
-threads: 2
+{head}
 state: {{ backend: memory, tasks_per_agent: 20, sessions_per_agent: 2 }}
-providers:
-  oa:
-    kind: openai_compatible
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-    breaker: {{ consecutive_failures: 2, open_ms: 1500, isolate_by: agent }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
 mcp_servers:
   files:
     url: "{mock}/mcp"
@@ -237,24 +192,18 @@ agents:
       files: {{ tools: [read_file] }}
 "#,
         mock = mock.url(),
+        head = config_head(
+            &mock,
+            "gpt-4o-mini",
+            "breaker: { consecutive_failures: 2, open_ms: 1500, isolate_by: agent }"
+        ),
         victim = sha256_hex(AGENT_KEY.as_bytes()),
         flood = sha256_hex(FLOOD_KEY.as_bytes()),
     ));
     let task = |t: &str| format!("x-agent-task-id: {t}");
     let initialize = |key: &str| {
-        curl(&[
-            "-X",
-            "POST",
-            &gw.url("/mcp/files"),
-            "-H",
-            &auth(key),
-            "-H",
-            "content-type: application/json",
-            "-H",
-            "accept: application/json, text/event-stream",
-            "--data-binary",
-            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).to_string(),
-        ])
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+        post_mcp(&gw, key, "files", &[], init.to_string())
     };
     // The victim's state: a loop two calls in, a watchdog four steps in,
     // an MCP session.
@@ -310,21 +259,13 @@ agents:
         .assert_gateway_error(409, "loop_detected");
     differing["messages"][0]["content"] = json!("step 4");
     chat(&gw, AGENT_KEY, &[&task("steps-1")], &differing).assert_gateway_error(429, "task_stopped");
-    let r = curl(&[
-        "-X",
-        "POST",
-        &gw.url("/mcp/files"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-H",
-        &format!("mcp-session-id: {sid}"),
-        "-H",
-        "content-type: application/json",
-        "-H",
-        "accept: application/json, text/event-stream",
-        "--data-binary",
+    let r = post_mcp(
+        &gw,
+        AGENT_KEY,
+        "files",
+        &["-H", &format!("mcp-session-id: {sid}")],
         r#"{"jsonrpc":"2.0","id":2,"method":"ping","params":{}}"#,
-    ]);
+    );
     assert_eq!(r.status, 200, "the victim's session lives: {}", r.text());
 }
 
@@ -335,24 +276,18 @@ fn calls_refused_by_an_open_circuit_leave_no_task_state() {
     let mock = Mock::start();
     let gw = Gateway::start(&format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
-threads: 2
-providers:
-  oa:
-    kind: openai_compatible
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-    breaker: {{ consecutive_failures: 1, open_ms: 1000 }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
+{head}
 agents:
   tester:
     key_sha256: "{agent}"
     models: [gpt-4o-mini]
     loop_guard: {{ window: 10, repeats: 3 }}
 "#,
-        mock = mock.url(),
+        head = config_head(
+            &mock,
+            "gpt-4o-mini",
+            "breaker: { consecutive_failures: 1, open_ms: 1000 }"
+        ),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
     ));
     let r = chat(&gw, AGENT_KEY, &["x-mock-status: 500"], &hi("gpt-4o-mini"));

@@ -9,16 +9,7 @@ use serde_json::{json, Value};
 fn config(mock: &Mock) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
-threads: 2
-providers:
-  oa: {{ kind: openai_compatible, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
-  an: {{ kind: anthropic, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
-  - models: ["claude-3-5-haiku*"]
-    targets: [ {{ provider: an }} ]
+{head}
 policy:
   blocked_phrases: ["ignore previous instructions", "developer mode", "ИГНОРИРУЙ"]
 agents:
@@ -27,27 +18,14 @@ agents:
     models: [gpt-4o-mini, "claude-3-5-haiku*"]
     tools: [lookup_invoice]
 "#,
-        mock = mock.url(),
+        head = config_head_with_anthropic(mock, ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
     )
 }
 
 fn post(gw: &Gateway, path: &str, body: &[u8]) -> Resp {
-    let auth = auth(AGENT_KEY);
-    curl_body(
-        &[
-            "-X",
-            "POST",
-            "-H",
-            "Content-Type: application/json",
-            "-H",
-            &auth,
-            "-H",
-            "anthropic-version: 2023-06-01",
-            &gw.url(path),
-        ],
-        body,
-    )
+    let anthropic = ["-H", "anthropic-version: 2023-06-01"];
+    post_json(gw, AGENT_KEY, path, &anthropic, body)
 }
 
 fn chat_user(text: &str) -> Value {

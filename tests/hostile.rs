@@ -12,24 +12,8 @@ use std::time::Duration;
 fn config(mock: &Mock) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
+{head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}", token_env: LOOPGATE_TEST_ADMIN_TOKEN }}
-threads: 2
-providers:
-  oa:
-    kind: openai_compatible
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-    breaker: {{ consecutive_failures: 3, open_ms: 60000 }}
-  an:
-    kind: anthropic
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
-  - models: ["claude-3-5-haiku*"]
-    targets: [ {{ provider: an }} ]
 tools:
   weather:
     base_url: "{mock}/echo/weather"
@@ -71,6 +55,10 @@ agents:
     forward_headers: [anthropic-beta]
 "#,
         mock = mock.url(),
+        head = config_head_with_anthropic(
+            mock,
+            "breaker: { consecutive_failures: 3, open_ms: 60000 }"
+        ),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
         bulk = sha256_hex(BULK_KEY.as_bytes()),
@@ -179,8 +167,6 @@ fn post_req(path: &str, extra: &str, body: &str) -> Vec<u8> {
     )
     .into_bytes()
 }
-
-const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
 
 /// The gateway still answers an ordinary call.
 fn still_serves(gw: &Gateway) {

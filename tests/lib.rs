@@ -174,6 +174,15 @@ impl Mock {
         })
     }
 
+    /// How many requests the mock recorded (its own `/_mock/*` endpoints
+    /// are not recorded): [`Mock::requests`]`.len()` without the bodies.
+    pub fn received(&self) -> u64 {
+        let v = self.control("/_mock/stats");
+        v["requests"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("the mock's /_mock/stats has no `requests` count: {v}"))
+    }
+
     pub fn last_request(&self) -> Value {
         self.requests().pop().expect("the mock received a request")
     }
@@ -231,6 +240,52 @@ policy:
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
         max_body = MAX_BODY,
     )
+}
+
+/// The head of most test configs: `listen` on `{PORT}`, `threads: 2`, and
+/// [`oa_provider`]'s providers and routes.
+pub fn config_head(mock: &Mock, models: &str, oa_settings: &str) -> String {
+    format!("{LISTEN}{}", oa_provider(mock, models, oa_settings))
+}
+
+/// As [`config_head`], with [`oa_an_providers`]'s providers and routes.
+pub fn config_head_with_anthropic(mock: &Mock, oa_settings: &str) -> String {
+    format!("{LISTEN}{}", oa_an_providers(mock, oa_settings))
+}
+
+const LISTEN: &str = "listen: 127.0.0.1:{PORT}\nthreads: 2\n";
+
+/// The `providers:` and `routes:` of a test config with one provider, `oa`
+/// (OpenAI-compatible, at `mock`, with the upstream key), serving `models`
+/// (a YAML list's items, e.g. `gpt-4o-mini`). `oa_settings` adds settings
+/// to `oa` in flow style (e.g. `breaker: { consecutive_failures: 1 }`),
+/// empty for none.
+pub fn oa_provider(mock: &Mock, models: &str, oa_settings: &str) -> String {
+    providers(mock, models, oa_settings, false)
+}
+
+/// As [`oa_provider`] serving `gpt-4o-mini`, and provider `an`
+/// (Anthropic, at `mock`, with the upstream key) serving
+/// `claude-3-5-haiku*`.
+pub fn oa_an_providers(mock: &Mock, oa_settings: &str) -> String {
+    providers(mock, "gpt-4o-mini", oa_settings, true)
+}
+
+fn providers(mock: &Mock, models: &str, oa_settings: &str, anthropic: bool) -> String {
+    let mock = mock.url();
+    let key = "api_key_env: LOOPGATE_TEST_UPSTREAM_KEY";
+    let sep = if oa_settings.is_empty() { "" } else { ", " };
+    let mut yaml = format!(
+        "providers:\n  oa: {{ kind: openai_compatible, base_url: \"{mock}\", {key}{sep}{oa_settings} }}\n"
+    );
+    if anthropic {
+        yaml += &format!("  an: {{ kind: anthropic, base_url: \"{mock}\", {key} }}\n");
+    }
+    yaml += &format!("routes:\n  - models: [{models}]\n    targets: [ {{ provider: oa }} ]\n");
+    if anthropic {
+        yaml += "  - models: [\"claude-3-5-haiku*\"]\n    targets: [ { provider: an } ]\n";
+    }
+    yaml
 }
 
 /// A running gateway (`loopgate run`).
@@ -675,6 +730,52 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 /// Common curl arguments for a JSON POST with the test agent's key.
 pub fn auth(key: &str) -> String {
     format!("Authorization: Bearer {key}")
+}
+
+/// A one-message chat completion for `gpt-4o-mini`.
+pub const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// POSTs `body` to `path` as the agent with `key`, as JSON
+/// (`content-type: application/json`), with `extra` curl arguments (e.g.
+/// `["-H", "x-agent-task-id: t-1"]`). The body goes as it is, on stdin.
+pub fn post_json(
+    gw: &Gateway,
+    key: &str,
+    path: &str,
+    extra: &[&str],
+    body: impl AsRef<[u8]>,
+) -> Resp {
+    let url = gw.url(path);
+    let auth = auth(key);
+    let mut args = vec![
+        url.as_str(),
+        "-H",
+        &auth,
+        "-H",
+        "content-type: application/json",
+    ];
+    args.extend_from_slice(extra);
+    curl_body(&args, body.as_ref())
+}
+
+/// A JSON-RPC `body` to MCP server `server` (`/mcp/{server}`) as the agent
+/// with `key`, accepting JSON or SSE as MCP clients do (see [`post_json`]).
+pub fn post_mcp(
+    gw: &Gateway,
+    key: &str,
+    server: &str,
+    extra: &[&str],
+    body: impl AsRef<[u8]>,
+) -> Resp {
+    let path = format!("/mcp/{server}");
+    let accept = ["-H", "accept: application/json, text/event-stream"];
+    post_json(gw, key, &path, &[&accept, extra].concat(), body)
+}
+
+/// [`CHAT`] to `/v1/chat/completions` as the agent with `key` (see
+/// [`post_json`]).
+pub fn post_chat(gw: &Gateway, key: &str, extra: &[&str]) -> Resp {
+    post_json(gw, key, "/v1/chat/completions", extra, CHAT)
 }
 
 /// A real `redis-server` on a free loopback port (no persistence), stopped

@@ -11,14 +11,8 @@ const TRIAL_KEY: &str = "mcp-trial-agent-key-3";
 fn config(mock: &Mock, extra_server: &str) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
+{head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}" }}
-threads: 2
-providers:
-  oa: {{ kind: openai_compatible, base_url: "{mock}" }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
 mcp_servers:
   files:
     url: "{mock}/mcp"
@@ -50,6 +44,7 @@ agents:
       files: {{ tools: [read_file] }}
 "#,
         mock = mock.url(),
+        head = config_head(mock, "gpt-4o-mini", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         other = sha256_hex(OTHER_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
@@ -58,25 +53,15 @@ agents:
 }
 
 fn rpc(gw: &Gateway, key: &str, body: &Value, extra: &[&str]) -> Resp {
-    let url = gw.url("/mcp/files");
-    let auth = auth(key);
-    let body = body.to_string();
-    let mut args = vec![
-        url.as_str(),
-        "-H",
-        &auth,
-        "-H",
-        "content-type: application/json",
-        "-H",
-        "accept: application/json, text/event-stream",
-    ];
-    args.extend_from_slice(extra);
-    args.extend(["-d", body.as_str()]);
-    curl(&args)
+    post_mcp(gw, key, "files", extra, body.to_string())
 }
 
 fn msg(id: u64, method: &str, params: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+fn tool_call(id: u64, params: Value) -> Value {
+    msg(id, "tools/call", params)
 }
 
 fn initialize(gw: &Gateway, key: &str) -> String {
@@ -94,6 +79,11 @@ fn initialize(gw: &Gateway, key: &str) -> String {
     r.header("mcp-session-id")
         .expect("a session id")
         .to_string()
+}
+
+/// Opens a session as `key`: its `mcp-session-id` header line.
+fn session(gw: &Gateway, key: &str) -> String {
+    format!("mcp-session-id: {}", initialize(gw, key))
 }
 
 /// The JSON-RPC messages of an SSE body.
@@ -160,12 +150,12 @@ fn listing_shows_only_granted_tools_in_json_and_sse() {
     );
 
     // Another agent's grant gives another list.
-    let sid2 = initialize(&gw, OTHER_KEY);
+    let s2 = session(&gw, OTHER_KEY);
     let r = rpc(
         &gw,
         OTHER_KEY,
         &msg(2, "tools/list", json!({})),
-        &["-H", &format!("mcp-session-id: {sid2}")],
+        &["-H", &s2],
     );
     assert_eq!(names(&r.json()["result"]), ["read_file"]);
 }
@@ -174,16 +164,11 @@ fn listing_shows_only_granted_tools_in_json_and_sse() {
 fn calls_outside_the_grant_are_answered_by_the_gateway_and_never_sent() {
     let mock = Mock::start();
     let gw = Gateway::start(&config(&mock, ""));
-    let sid = initialize(&gw, AGENT_KEY);
-    let s = format!("mcp-session-id: {sid}");
+    let s = session(&gw, AGENT_KEY);
     let r = rpc(
         &gw,
         AGENT_KEY,
-        &msg(
-            5,
-            "tools/call",
-            json!({"name": "read_file", "arguments": {"path": "/a"}}),
-        ),
+        &tool_call(5, json!({"name": "read_file", "arguments": {"path": "/a"}})),
         &["-H", &s],
     );
     assert_eq!(
@@ -193,9 +178,8 @@ fn calls_outside_the_grant_are_answered_by_the_gateway_and_never_sent() {
     let before = mock.requests().len();
     for (body, code) in [
         (
-            msg(
+            tool_call(
                 6,
-                "tools/call",
                 json!({"name": "delete_file", "arguments": {"path": "/"}}),
             ),
             "tool_not_allowed",
@@ -206,8 +190,8 @@ fn calls_outside_the_grant_are_answered_by_the_gateway_and_never_sent() {
         ),
         (
             json!([
-                msg(8, "tools/call", json!({"name": "read_file"})),
-                msg(9, "tools/call", json!({"name": "delete_file"}))
+                tool_call(8, json!({"name": "read_file"})),
+                tool_call(9, json!({"name": "delete_file"}))
             ]),
             "tool_not_allowed",
         ),
@@ -253,7 +237,7 @@ fn a_session_belongs_to_the_agent_that_opened_it() {
     let r = rpc(
         &gw,
         OTHER_KEY,
-        &msg(2, "tools/call", json!({"name": "read_file"})),
+        &tool_call(2, json!({"name": "read_file"})),
         &["-H", &format!("mcp-session-id: {sid}")],
     );
     // Bound under its owner's name: to anyone else it does not exist (404,
@@ -274,14 +258,12 @@ fn a_session_belongs_to_the_agent_that_opened_it() {
 fn looping_calls_and_write_rates_are_stopped_as_json_rpc_errors() {
     let mock = Mock::start();
     let gw = Gateway::start(&config(&mock, ""));
-    let sid = initialize(&gw, AGENT_KEY);
-    let s = format!("mcp-session-id: {sid}");
+    let s = session(&gw, AGENT_KEY);
     let task = "x-agent-task-id: mcp-task-1";
     // request_id is noise: the three calls are the same call.
     for i in 0..2 {
-        let call = msg(
+        let call = tool_call(
             10 + i,
-            "tools/call",
             json!({"name": "search_docs", "arguments": {"q": "refund", "request_id": i}}),
         );
         assert!(rpc(&gw, AGENT_KEY, &call, &["-H", &s, "-H", task])
@@ -290,9 +272,8 @@ fn looping_calls_and_write_rates_are_stopped_as_json_rpc_errors() {
             .is_some());
     }
     let before = mock.requests().len();
-    let call = msg(
+    let call = tool_call(
         12,
-        "tools/call",
         json!({"name": "search_docs", "arguments": {"q": "refund", "request_id": 99}}),
     );
     let r = rpc(&gw, AGENT_KEY, &call, &["-H", &s, "-H", task]);
@@ -302,11 +283,7 @@ fn looping_calls_and_write_rates_are_stopped_as_json_rpc_errors() {
 
     // write_note is a write tool: 2 per minute for this agent.
     for i in 0..2 {
-        let call = msg(
-            20 + i,
-            "tools/call",
-            json!({"name": "write_note", "arguments": {"n": i}}),
-        );
+        let call = tool_call(20 + i, json!({"name": "write_note", "arguments": {"n": i}}));
         assert!(rpc(&gw, AGENT_KEY, &call, &["-H", &s])
             .json()
             .get("result")
@@ -315,11 +292,7 @@ fn looping_calls_and_write_rates_are_stopped_as_json_rpc_errors() {
     let r = rpc(
         &gw,
         AGENT_KEY,
-        &msg(
-            22,
-            "tools/call",
-            json!({"name": "write_note", "arguments": {"n": 3}}),
-        ),
+        &tool_call(22, json!({"name": "write_note", "arguments": {"n": 3}})),
         &["-H", &s],
     );
     assert_eq!(r.json()["error"]["data"]["loopgate_code"], "rate_limited");
@@ -331,8 +304,7 @@ fn looping_calls_and_write_rates_are_stopped_as_json_rpc_errors() {
 fn a_server_answering_500_trips_its_breaker() {
     let mock = Mock::start();
     let gw = Gateway::start(&config(&mock, ""));
-    let sid = initialize(&gw, AGENT_KEY);
-    let s = format!("mcp-session-id: {sid}");
+    let s = session(&gw, AGENT_KEY);
     for _ in 0..2 {
         let r = rpc(
             &gw,
@@ -436,14 +408,12 @@ fn the_official_mcp_sdk_works_through_the_gateway() {
 fn dry_run_lets_the_call_through_and_records_the_would_deny() {
     let mock = Mock::start();
     let gw = Gateway::start(&config(&mock, ""));
-    let sid = initialize(&gw, TRIAL_KEY);
-    let s = format!("mcp-session-id: {sid}");
+    let s = session(&gw, TRIAL_KEY);
     let r = rpc(
         &gw,
         TRIAL_KEY,
-        &msg(
+        &tool_call(
             4,
-            "tools/call",
             json!({"name": "delete_file", "arguments": {"path": "/tmp/x"}}),
         ),
         &["-H", &s],

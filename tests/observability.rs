@@ -10,37 +10,26 @@ const PROMPT: &str = "confidential-prompt-text-4471";
 fn config(mock: &Mock, dir: &std::path::Path, admin_extra: &str) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
+{head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}", token_env: LOOPGATE_TEST_ADMIN_TOKEN{admin_extra} }}
 access_log: {{ path: "{log}" }}
-threads: 2
-providers:
-  oa:
-    kind: openai_compatible
-    base_url: "{mock}"
-    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
-    breaker: {{ consecutive_failures: 2, open_ms: 60000 }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
 agents:
   tester:
     key_sha256: "{agent}"
     models: [gpt-4o-mini]
 "#,
-        mock = mock.url(),
+        head = config_head(
+            mock,
+            "gpt-4o-mini",
+            "breaker: { consecutive_failures: 2, open_ms: 60000 }"
+        ),
         log = dir.join("access.log").display(),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
     )
 }
 
 fn chat(gw: &Gateway, extra: &[&str], body: &str) -> Resp {
-    let url = gw.url("/v1/chat/completions");
-    let key = auth(AGENT_KEY);
-    let mut args = vec![url.as_str(), "-H", &key];
-    args.extend_from_slice(extra);
-    args.extend(["-d", body]);
-    curl(&args)
+    post_json(gw, AGENT_KEY, "/v1/chat/completions", extra, body)
 }
 
 fn admin(gw: &Gateway, method: &str, path: &str, token: Option<&str>) -> Resp {

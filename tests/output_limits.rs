@@ -63,19 +63,7 @@ fn start() -> (Mock, Gateway) {
 }
 
 fn post(gw: &Gateway, key: &str, path: &str, body: &Value, extra: &[&str]) -> Resp {
-    let url = gw.url(path);
-    let key = auth(key);
-    let body = body.to_string();
-    let mut args = vec![
-        url.as_str(),
-        "-H",
-        &key,
-        "-H",
-        "content-type: application/json",
-    ];
-    args.extend_from_slice(extra);
-    args.extend(["-d", &body]);
-    curl(&args)
+    post_json(gw, key, path, extra, body.to_string())
 }
 
 fn chat(model: &str, extra: Value) -> Value {
@@ -91,6 +79,14 @@ fn forwarded(mock: &Mock) -> Value {
     let seen = mock.last_request();
     let text = seen["body"].as_str().expect("the mock recorded the body");
     serde_json::from_str(text).expect("the forwarded body is JSON")
+}
+
+/// Sends chat `body` as the agent, requires a 200, and returns the answer
+/// and the body the provider received.
+fn accepted(gw: &Gateway, mock: &Mock, body: &Value) -> (Resp, Value) {
+    let r = post(gw, AGENT_KEY, "/v1/chat/completions", body, &[]);
+    assert_eq!(r.status, 200, "{}: {}", body["model"], r.text());
+    (r, forwarded(mock))
 }
 
 /// Sends `body` to `path` as the agent, requires a 200, and returns the
@@ -123,15 +119,7 @@ fn a_reasoning_model_gets_its_field_and_a_limit_capped_at_its_maximum() {
         ("o4-mini", 100_000),
         ("gpt-5-mini", 128_000),
     ] {
-        let r = post(
-            &gw,
-            AGENT_KEY,
-            "/v1/chat/completions",
-            &chat(model, json!({})),
-            &[],
-        );
-        assert_eq!(r.status, 200, "{model}: {}", r.text());
-        let sent = forwarded(&mock);
+        let (_, sent) = accepted(&gw, &mock, &chat(model, json!({})));
         assert_eq!(sent["model"], model);
         assert_eq!(
             limits(&sent),
@@ -176,9 +164,7 @@ fn a_reasoning_model_gets_its_field_and_a_limit_capped_at_its_maximum() {
         "o3-mini",
         json!({"metadata": {"pad": "z".repeat(70 * 1024)}}),
     );
-    let r = post(&gw, AGENT_KEY, "/v1/chat/completions", &big, &[]);
-    assert_eq!(r.status, 200, "{}", r.text());
-    let sent = forwarded(&mock);
+    let (_, sent) = accepted(&gw, &mock, &big);
     assert_eq!(sent["metadata"], big["metadata"]);
     assert_eq!(limits(&sent), [("max_completion_tokens", json!(100_000))]);
 }
@@ -269,26 +255,14 @@ fn two_output_limits_are_refused_before_anything_goes_upstream() {
 #[test]
 fn openai_compatible_servers_get_max_tokens_unless_the_route_says_otherwise() {
     let (mock, gw) = start();
-    let r = post(
-        &gw,
-        AGENT_KEY,
-        "/v1/chat/completions",
-        &chat("local-plain", json!({})),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    let sent = forwarded(&mock);
+    let (_, sent) = accepted(&gw, &mock, &chat("local-plain", json!({})));
     assert_eq!(sent["model"], "llama3.1");
     assert_eq!(limits(&sent), [("max_tokens", json!(150_000))]);
-    let r = post(
+    let (_, sent) = accepted(
         &gw,
-        AGENT_KEY,
-        "/v1/chat/completions",
+        &mock,
         &chat("local-reasoner", json!({"max_tokens": 300})),
-        &[],
     );
-    assert_eq!(r.status, 200, "{}", r.text());
-    let sent = forwarded(&mock);
     assert_eq!(sent["model"], "o3-mini");
     assert_eq!(limits(&sent), [("max_completion_tokens", json!(300))]);
 }
@@ -297,59 +271,34 @@ fn openai_compatible_servers_get_max_tokens_unless_the_route_says_otherwise() {
 fn a_fallback_to_another_model_gets_that_models_field_and_maximum() {
     let (mock, gw) = start();
     // Inserted: the agent's 150000, capped at o4-mini's 100000.
-    let r = post(
-        &gw,
-        AGENT_KEY,
-        "/v1/chat/completions",
-        &chat("gpt-4o-fallback", json!({})),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
+    let (r, sent) = accepted(&gw, &mock, &chat("gpt-4o-fallback", json!({})));
     assert_eq!(r.header("x-loopgate-fallback"), Some("dead"));
-    let sent = forwarded(&mock);
     assert_eq!(sent["model"], "o4-mini");
     assert_eq!(limits(&sent), [("max_completion_tokens", json!(100_000))]);
     // The agent's own max_tokens, for a model the gateway chose: renamed and capped.
-    let r = post(
-        &gw,
-        AGENT_KEY,
-        "/v1/chat/completions",
-        &chat("gpt-4o-fallback", json!({"max_tokens": 120_000})),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
+    let body = chat("gpt-4o-fallback", json!({"max_tokens": 120_000}));
+    let (r, sent) = accepted(&gw, &mock, &body);
     assert_eq!(r.header("x-loopgate-fallback"), Some("dead"));
-    assert_eq!(
-        limits(&forwarded(&mock)),
-        [("max_completion_tokens", json!(100_000))]
-    );
+    assert_eq!(limits(&sent), [("max_completion_tokens", json!(100_000))]);
 }
 
 #[test]
 fn a_watchdog_degrade_to_another_model_gets_that_models_field_and_maximum() {
     let (mock, gw) = start();
     let body = chat("gpt-5-mini", json!({"max_completion_tokens": 50_000}));
-    let task = "x-agent-task-id: t1";
-    let r = post(
-        &gw,
-        DEGRADER_KEY,
-        "/v1/chat/completions",
-        &body,
-        &["-H", task],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
+    // The same step of task t1, twice: the second is past the red line.
+    let step = || {
+        let task = ["-H", "x-agent-task-id: t1"];
+        let r = post(&gw, DEGRADER_KEY, "/v1/chat/completions", &body, &task);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r
+    };
+    step();
     assert_eq!(
         limits(&forwarded(&mock)),
         [("max_completion_tokens", json!(50_000))]
     );
-    let r = post(
-        &gw,
-        DEGRADER_KEY,
-        "/v1/chat/completions",
-        &body,
-        &["-H", task],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = step();
     assert_eq!(
         r.header("x-loopgate-degraded"),
         Some("gpt-5-mini->gpt-4o-mini")

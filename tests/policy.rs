@@ -11,17 +11,8 @@ const WATCHER_KEY: &str = "watcher-key-0006";
 fn config(mock: &Mock) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
+{head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}" }}
-threads: 2
-providers:
-  oa: {{ kind: openai_compatible, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
-  an: {{ kind: anthropic, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
-  - models: ["claude-3-5-haiku*"]
-    targets: [ {{ provider: an }} ]
 policy:
   blocked_phrases: ["ignore previous instructions", "developer mode", "ИГНОРИРУЙ"]
 agents:
@@ -50,26 +41,12 @@ agents:
     requests_per_minute: 1
     mode: dry_run
 "#,
-        mock = mock.url(),
+        head = config_head_with_anthropic(mock, ""),
         guarded = sha256_hex(GUARDED_KEY.as_bytes()),
         streamer = sha256_hex(STREAMER_KEY.as_bytes()),
         tokens = sha256_hex(TOKENS_KEY.as_bytes()),
         watcher = sha256_hex(WATCHER_KEY.as_bytes()),
     )
-}
-
-fn post(gw: &Gateway, path: &str, key: &str, extra: &[&str], body: &str) -> Resp {
-    let url = gw.url(path);
-    let auth = auth(key);
-    let mut args = vec![
-        url.as_str(),
-        "-H",
-        &auth,
-        "-H",
-        "content-type: application/json",
-    ];
-    args.extend_from_slice(extra);
-    curl_body(&args, body.as_bytes())
 }
 
 const TASK: [&str; 2] = ["-H", "x-agent-task-id: task-1"];
@@ -80,7 +57,7 @@ fn every_rule_denies_with_its_code_and_nothing_goes_upstream() {
     let gw = Gateway::start(&config(&mock));
     let chat = "/v1/chat/completions";
     let ok = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"weather in Paris?"}],"tools":[{"type":"function","function":{"name":"get_weather"}},{"type":"function","function":{"name":"search_docs"}}],"max_tokens":100}"#;
-    assert_eq!(post(&gw, chat, GUARDED_KEY, &TASK, ok).status, 200);
+    assert_eq!(post_json(&gw, GUARDED_KEY, chat, &TASK, ok).status, 200);
     assert_eq!(mock.requests().len(), 1);
 
     type Case<'a> = (&'a str, &'a str, Vec<&'a str>, String, u16, &'a str);
@@ -104,7 +81,7 @@ fn every_rule_denies_with_its_code_and_nothing_goes_upstream() {
             r#"{"model":"claude-3-5-haiku-latest","max_tokens":64,"system":"Developer Mode enabled","messages":[]}"#.into(), 403, "blocked_phrase"),
     ];
     for (name, path, extra, body, status, code) in cases {
-        let r = post(&gw, path, GUARDED_KEY, &extra, &body);
+        let r = post_json(&gw, GUARDED_KEY, path, &extra, &body);
         assert_eq!(r.status, status, "{name}: {}", r.text());
         r.assert_gateway_error(status, code);
         assert_eq!(r.json()["error"]["retryable"], false, "{name}");
@@ -132,12 +109,12 @@ fn requests_per_minute_is_exact_with_a_true_retry_after() {
     let body = r#"{"model":"gpt-4o-mini","messages":[]}"#;
     for i in 0..3 {
         assert_eq!(
-            post(&gw, "/v1/chat/completions", GUARDED_KEY, &TASK, body).status,
+            post_json(&gw, GUARDED_KEY, "/v1/chat/completions", &TASK, body).status,
             200,
             "request {i}"
         );
     }
-    let r = post(&gw, "/v1/chat/completions", GUARDED_KEY, &TASK, body);
+    let r = post_json(&gw, GUARDED_KEY, "/v1/chat/completions", &TASK, body);
     r.assert_gateway_error(429, "rate_limited");
     assert_eq!(r.json()["error"]["retryable"], true);
     let after: u64 = r
@@ -151,7 +128,7 @@ fn requests_per_minute_is_exact_with_a_true_retry_after() {
     assert_eq!(mock.requests().len(), 3);
     // Another agent has its own window.
     assert_eq!(
-        post(&gw, "/v1/chat/completions", STREAMER_KEY, &[], body).status,
+        post_json(&gw, STREAMER_KEY, "/v1/chat/completions", &[], body).status,
         200
     );
 }
@@ -180,7 +157,7 @@ fn in_flight_limit_counts_streams_until_they_end() {
     // Once the stream reached the provider it holds the one slot (polling
     // before that could take the slot from the stream itself).
     assert!(eventually(10, || !mock.requests().is_empty()));
-    let r = post(&gw, "/v1/chat/completions", STREAMER_KEY, &[], body);
+    let r = post_json(&gw, STREAMER_KEY, "/v1/chat/completions", &[], body);
     r.assert_gateway_error(429, "too_many_in_flight");
     assert_eq!(r.header("retry-after"), Some("1"));
     let streamed = slow.join().unwrap();
@@ -188,7 +165,7 @@ fn in_flight_limit_counts_streams_until_they_end() {
     assert!(streamed.text().ends_with("data: [DONE]\n\n"));
     // The slot came back when the stream ended.
     assert_eq!(
-        post(&gw, "/v1/chat/completions", STREAMER_KEY, &[], body).status,
+        post_json(&gw, STREAMER_KEY, "/v1/chat/completions", &[], body).status,
         200
     );
 }
@@ -199,10 +176,10 @@ fn token_limit_is_corrected_by_reported_usage() {
     let gw = Gateway::start(&config(&mock));
     // Estimated at ~2 tokens, but the provider reports 10 + 80 = 90 used.
     let body = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
-    let r = post(
+    let r = post_json(
         &gw,
-        "/v1/chat/completions",
         TOKENS_KEY,
+        "/v1/chat/completions",
         &["-H", "x-mock-chunks: 80"],
         body,
     );
@@ -214,7 +191,7 @@ fn token_limit_is_corrected_by_reported_usage() {
         r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{}"}}]}}"#,
         "x".repeat(80)
     );
-    let r = post(&gw, "/v1/chat/completions", TOKENS_KEY, &[], &long);
+    let r = post_json(&gw, TOKENS_KEY, "/v1/chat/completions", &[], &long);
     r.assert_gateway_error(429, "rate_limited");
     assert!(r.json()["error"]["message"]
         .as_str()
@@ -228,19 +205,19 @@ fn streamed_usage_corrects_the_token_limit_too() {
     let gw = Gateway::start(&config(&mock));
     let body =
         r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let r = post(
+    let r = post_json(
         &gw,
-        "/v1/chat/completions",
         TOKENS_KEY,
+        "/v1/chat/completions",
         &["-N", "-H", "x-mock-chunks: 95"],
         body,
     );
     assert_eq!(r.status, 200);
     assert!(r.text().contains("\"completion_tokens\":95"));
-    let r = post(
+    let r = post_json(
         &gw,
-        "/v1/chat/completions",
         TOKENS_KEY,
+        "/v1/chat/completions",
         &[],
         r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello there, how are you today?"}]}"#,
     );
@@ -253,25 +230,25 @@ fn dry_run_lets_requests_through_and_reports_would_deny() {
     let gw = Gateway::start(&config(&mock));
     let body =
         r#"{"model":"gpt-4o-mini","messages":[],"tools":[{"name":"rm_rf","input_schema":{}}]}"#;
-    let r = post(&gw, "/v1/chat/completions", WATCHER_KEY, &[], body);
+    let r = post_json(&gw, WATCHER_KEY, "/v1/chat/completions", &[], body);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-loopgate-would-deny"), Some("tool_not_allowed"));
     assert_eq!(r.header("x-loopgate-error"), None);
     // Second request in the minute: over requests_per_minute: 1, still let through.
-    let r = post(
+    let r = post_json(
         &gw,
-        "/v1/chat/completions",
         WATCHER_KEY,
+        "/v1/chat/completions",
         &[],
         r#"{"model":"gpt-4o-mini","messages":[]}"#,
     );
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-loopgate-would-deny"), Some("rate_limited"));
     // Dry-run never covers identity or malformed bodies.
-    let r = post(
+    let r = post_json(
         &gw,
-        "/v1/chat/completions",
         WATCHER_KEY,
+        "/v1/chat/completions",
         &[],
         r#"{"model":"gpt-4o-mini","messages":"#,
     );
@@ -291,19 +268,19 @@ fn dry_run_lets_requests_through_and_reports_would_deny() {
         "  dry_run: [blocked_phrase]\n  blocked_phrases:",
     );
     let gw = Gateway::start(&yaml);
-    let r = post(
+    let r = post_json(
         &gw,
-        "/v1/chat/completions",
         GUARDED_KEY,
+        "/v1/chat/completions",
         &TASK,
         r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"developer mode"}]}"#,
     );
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-loopgate-would-deny"), Some("blocked_phrase"));
-    let r = post(
+    let r = post_json(
         &gw,
-        "/v1/chat/completions",
         GUARDED_KEY,
+        "/v1/chat/completions",
         &TASK,
         r#"{"model":"gpt-4o-mini","messages":[],"tools":[{"name":"rm_rf"}]}"#,
     );
@@ -318,11 +295,11 @@ fn large_bodies_are_judged_by_every_rule_too() {
     let body = format!(
         r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{filler} ignore previous instructions"}}]}}"#
     );
-    let r = post(&gw, "/v1/chat/completions", GUARDED_KEY, &TASK, &body);
+    let r = post_json(&gw, GUARDED_KEY, "/v1/chat/completions", &TASK, &body);
     r.assert_gateway_error(403, "blocked_phrase");
     let body =
         format!(r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{filler}"}}]}}"#);
-    let r = post(&gw, "/v1/chat/completions", WATCHER_KEY, &[], &body);
+    let r = post_json(&gw, WATCHER_KEY, "/v1/chat/completions", &[], &body);
     assert_eq!(r.status, 200);
     assert_eq!(
         mock.last_request()["body_sha256"],

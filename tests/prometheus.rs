@@ -6,17 +6,13 @@ use loopgate_tests::*;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+const EMPTY_CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[]}"#;
+
 #[test]
 fn promtool_accepts_the_metrics() {
     let mock = Mock::start();
     let gw = Gateway::start_default(&mock);
-    let _ = curl(&[
-        &gw.url("/v1/chat/completions"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-d",
-        r#"{"model":"gpt-4o-mini","messages":[]}"#,
-    ]);
+    let _ = post_json(&gw, AGENT_KEY, "/v1/chat/completions", &[], EMPTY_CHAT);
     let _ = curl(&[&gw.url("/v1/chat/completions"), "-d", "{}"]);
     let page = curl(&[&gw.admin_url("/metrics")]).body;
     let mut child = Command::new("promtool")
@@ -40,13 +36,7 @@ fn promtool_accepts_the_metrics() {
 fn a_real_prometheus_scrapes_the_gateway() {
     let mock = Mock::start();
     let gw = Gateway::start_default(&mock);
-    let _ = curl(&[
-        &gw.url("/v1/chat/completions"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-d",
-        r#"{"model":"gpt-4o-mini","messages":[]}"#,
-    ]);
+    let _ = post_json(&gw, AGENT_KEY, "/v1/chat/completions", &[], EMPTY_CHAT);
     let dir = scratch_dir("prom");
     let cfg = dir.join("prometheus.yml");
     std::fs::write(

@@ -2,31 +2,26 @@
 
 use loopgate_tests::*;
 
-const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
-
 #[test]
 fn chat_completion_goes_through_with_the_provider_key_only() {
     let mock = Mock::start();
     let gw = Gateway::start_default(&mock);
-    let r = curl(&[
-        &gw.url("/v1/chat/completions"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-H",
-        "content-type: application/json",
-        "-H",
-        "x-agent-id: billing",
-        "-H",
-        "x-agent-task-id: task-7",
-        "-H",
-        "x-agent-call-id: call-3",
-        "-H",
-        "x-agent-tool-name: search",
-        "-H",
-        "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        "-d",
-        CHAT,
-    ]);
+    let r = post_chat(
+        &gw,
+        AGENT_KEY,
+        &[
+            "-H",
+            "x-agent-id: billing",
+            "-H",
+            "x-agent-task-id: task-7",
+            "-H",
+            "x-agent-call-id: call-3",
+            "-H",
+            "x-agent-tool-name: search",
+            "-H",
+            "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ],
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["object"], "chat.completion");
@@ -73,15 +68,7 @@ fn chat_completion_goes_through_with_the_provider_key_only() {
 fn agent_request_id_is_kept_both_ways_and_junk_ids_are_replaced() {
     let mock = Mock::start();
     let gw = Gateway::start_default(&mock);
-    let r = curl(&[
-        &gw.url("/v1/chat/completions"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-H",
-        "x-request-id: agent-req-123",
-        "-d",
-        CHAT,
-    ]);
+    let r = post_chat(&gw, AGENT_KEY, &["-H", "x-request-id: agent-req-123"]);
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-request-id"), Some("agent-req-123"));
     assert_eq!(
@@ -89,15 +76,7 @@ fn agent_request_id_is_kept_both_ways_and_junk_ids_are_replaced() {
         Some("agent-req-123")
     );
 
-    let r = curl(&[
-        &gw.url("/v1/chat/completions"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-H",
-        "x-request-id: bad id with spaces",
-        "-d",
-        CHAT,
-    ]);
+    let r = post_chat(&gw, AGENT_KEY, &["-H", "x-request-id: bad id with spaces"]);
     assert_eq!(r.status, 200);
     let rid = r.header("x-request-id").unwrap();
     assert_eq!(rid.len(), 32, "{rid}");
@@ -264,17 +243,11 @@ fn models_lists_only_what_the_agent_may_use() {
 fn provider_errors_pass_through_unchanged() {
     let mock = Mock::start();
     let gw = Gateway::start_default(&mock);
-    let r = curl(&[
-        &gw.url("/v1/chat/completions"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-H",
-        "x-mock-status: 429",
-        "-H",
-        "x-mock-retry-after: 7",
-        "-d",
-        CHAT,
-    ]);
+    let r = post_chat(
+        &gw,
+        AGENT_KEY,
+        &["-H", "x-mock-status: 429", "-H", "x-mock-retry-after: 7"],
+    );
     assert_eq!(r.status, 429);
     assert_eq!(r.header("retry-after"), Some("7"));
     assert_eq!(
@@ -294,27 +267,13 @@ fn unreachable_provider_is_502_and_slow_provider_is_504() {
                  &format!("base_url: http://127.0.0.1:{closed}\n    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY\n    timeouts: {{ connect_ms: 1000, read_ms: 5000"));
     assert!(yaml.contains(&closed.to_string()));
     let gw = Gateway::start(&yaml);
-    let r = curl(&[
-        &gw.url("/v1/chat/completions"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-d",
-        CHAT,
-    ]);
+    let r = post_chat(&gw, AGENT_KEY, &[]);
     r.assert_gateway_error(502, "upstream_unreachable");
     assert_eq!(r.json()["error"]["retryable"], true);
 
     let yaml = default_config(&mock).replace("read_ms: 5000", "read_ms: 300");
     let gw = Gateway::start(&yaml);
-    let r = curl(&[
-        &gw.url("/v1/chat/completions"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-H",
-        "x-mock-latency-ms: 3000",
-        "-d",
-        CHAT,
-    ]);
+    let r = post_chat(&gw, AGENT_KEY, &["-H", "x-mock-latency-ms: 3000"]);
     r.assert_gateway_error(504, "upstream_timeout");
 }
 
@@ -331,13 +290,7 @@ fn upstream_connections_are_reused() {
 
 fn assert_upstream_reuse(mock: &Mock, gw: &Gateway, threads: &str) {
     for _ in 0..20 {
-        let r = curl(&[
-            &gw.url("/v1/chat/completions"),
-            "-H",
-            &auth(AGENT_KEY),
-            "-d",
-            CHAT,
-        ]);
+        let r = post_chat(gw, AGENT_KEY, &[]);
         assert_eq!(r.status, 200);
     }
     // Each fresh curl is a new downstream connection; upstream the gateway
@@ -363,10 +316,7 @@ fn unreachable_provider_on_the_large_body_path_is_502_too() {
     let mut body = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":""#.to_vec();
     body.extend(std::iter::repeat_n(b'x', 200 * 1024));
     body.extend_from_slice(br#""}]}"#);
-    let r = curl_body(
-        &[&gw.url("/v1/chat/completions"), "-H", &auth(AGENT_KEY)],
-        &body,
-    );
+    let r = post_json(&gw, AGENT_KEY, "/v1/chat/completions", &[], &body);
     r.assert_gateway_error(502, "upstream_unreachable");
 }
 
@@ -406,12 +356,6 @@ fn a_stream_the_provider_breaks_mid_way_ends_without_hurting_the_gateway() {
     assert!(!body.contains("[DONE]"));
     assert!(out.status.success(), "the stream is ended properly");
     // The gateway is fine afterwards.
-    let r = curl(&[
-        &gw.url("/v1/chat/completions"),
-        "-H",
-        &auth(AGENT_KEY),
-        "-d",
-        CHAT,
-    ]);
+    let r = post_chat(&gw, AGENT_KEY, &[]);
     assert_eq!(r.status, 200);
 }

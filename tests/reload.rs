@@ -12,18 +12,14 @@ fn config(mock: &Mock, extra_agent: &str) -> String {
 listen: 127.0.0.1:{{PORT}}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}" }}
 threads: 1
-providers:
-  oa: {{ kind: openai_compatible, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
+{providers}
 agents:
   tester:
     key_sha256: "{tester}"
     models: [gpt-4o-mini]
     requests_per_minute: 3
 {extra_agent}"#,
-        mock = mock.url(),
+        providers = oa_provider(mock, "gpt-4o-mini", ""),
         tester = sha256_hex(AGENT_KEY.as_bytes()),
     )
 }
@@ -35,14 +31,8 @@ fn rewrite(gw: &Gateway, f: impl Fn(&str) -> String) {
 }
 
 fn chat(gw: &Gateway, key: &str) -> u16 {
-    curl(&[
-        &gw.url("/v1/chat/completions"),
-        "-H",
-        &auth(key),
-        "-d",
-        r#"{"model":"gpt-4o-mini","messages":[]}"#,
-    ])
-    .status
+    let body = r#"{"model":"gpt-4o-mini","messages":[]}"#;
+    post_json(gw, key, "/v1/chat/completions", &[], body).status
 }
 
 #[test]

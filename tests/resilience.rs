@@ -4,7 +4,6 @@ use loopgate_tests::*;
 use std::time::Duration;
 
 const B_KEY: &str = "agent-b-key-0007";
-const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
 
 /// One route `gpt-4o-mini` over `targets` (provider names), with the
 /// providers given as `(name, base_url, breaker settings)`.
@@ -23,21 +22,6 @@ fn config(providers: &[(&str, String, &str)], targets: &str) -> String {
     yaml
 }
 
-fn chat(gw: &Gateway, key: &str, extra: &[&str]) -> Resp {
-    let url = gw.url("/v1/chat/completions");
-    let auth = auth(key);
-    let mut args = vec![url.as_str(), "-H", &auth];
-    args.extend_from_slice(extra);
-    args.extend(["-d", CHAT]);
-    curl(&args)
-}
-
-fn received(mock: &Mock) -> u64 {
-    curl(&[&format!("{}/_mock/stats", mock.url())]).json()["requests"]
-        .as_u64()
-        .unwrap()
-}
-
 #[test]
 fn a_500_storm_opens_the_breaker_then_exactly_one_probe_closes_it() {
     let mock = Mock::start();
@@ -53,21 +37,21 @@ fn a_500_storm_opens_the_breaker_then_exactly_one_probe_closes_it() {
     );
     for _ in 0..3 {
         // The only target: its 500 passes through unchanged.
-        let r = chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 500"]);
+        let r = post_chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 500"]);
         assert_eq!(r.status, 500);
         assert_eq!(r.header("x-loopgate-error"), None);
     }
-    assert_eq!(received(&mock), 3);
+    assert_eq!(mock.received(), 3);
     // Open: refused at once, nothing reaches the provider.
     for _ in 0..5 {
-        let r = chat(&gw, AGENT_KEY, &[]);
+        let r = post_chat(&gw, AGENT_KEY, &[]);
         r.assert_gateway_error(503, "circuit_open");
         assert_eq!(r.json()["error"]["retryable"], true);
         let after: u64 = r.header("retry-after").unwrap().parse().unwrap();
         assert!((1..=2).contains(&after), "{after}");
     }
     assert_eq!(
-        received(&mock),
+        mock.received(),
         3,
         "the provider was called while the circuit was open"
     );
@@ -87,15 +71,15 @@ fn a_500_storm_opens_the_breaker_then_exactly_one_probe_closes_it() {
             CHAT,
         ])
     });
-    assert!(eventually(5, || received(&mock) == 4));
+    assert!(eventually(5, || mock.received() == 4));
     for _ in 0..3 {
-        chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
+        post_chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
     }
-    assert_eq!(received(&mock), 4, "exactly one probe reached the provider");
+    assert_eq!(mock.received(), 4, "exactly one probe reached the provider");
     assert_eq!(probe.join().unwrap().status, 200);
     // The probe succeeded: closed again.
-    assert_eq!(chat(&gw, AGENT_KEY, &[]).status, 200);
-    assert_eq!(received(&mock), 5);
+    assert_eq!(post_chat(&gw, AGENT_KEY, &[]).status, 200);
+    assert_eq!(mock.received(), 5);
 }
 
 #[test]
@@ -111,11 +95,11 @@ fn client_errors_never_trip_the_breaker() {
     ));
     for status in ["400", "401", "404", "422", "400", "400"] {
         assert_eq!(
-            chat(&gw, AGENT_KEY, &["-H", &format!("x-mock-status: {status}")]).status,
+            post_chat(&gw, AGENT_KEY, &["-H", &format!("x-mock-status: {status}")]).status,
             status.parse::<u16>().unwrap()
         );
     }
-    assert_eq!(chat(&gw, AGENT_KEY, &[]).status, 200);
+    assert_eq!(post_chat(&gw, AGENT_KEY, &[]).status, 200);
 }
 
 #[test]
@@ -126,7 +110,7 @@ fn a_refused_connection_falls_back_to_the_next_target_with_headers() {
         &[("primary", dead, ""), ("secondary", mock.url(), "")],
         "[ { provider: primary, weight: 1000000 }, { provider: secondary, weight: 1 } ]",
     ));
-    let r = chat(&gw, AGENT_KEY, &[]);
+    let r = post_chat(&gw, AGENT_KEY, &[]);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-loopgate-provider"), Some("secondary"));
     assert_eq!(r.header("x-loopgate-fallback"), Some("primary"));
@@ -134,10 +118,7 @@ fn a_refused_connection_falls_back_to_the_next_target_with_headers() {
     let mut body = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":""#.to_vec();
     body.extend(std::iter::repeat_n(b'z', 300 * 1024));
     body.extend_from_slice(br#""}]}"#);
-    let r = curl_body(
-        &[&gw.url("/v1/chat/completions"), "-H", &auth(AGENT_KEY)],
-        &body,
-    );
+    let r = post_json(&gw, AGENT_KEY, "/v1/chat/completions", &[], &body);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-loopgate-fallback"), Some("primary"));
     assert_eq!(mock.last_request()["body_sha256"], sha256_hex(&body));
@@ -154,11 +135,11 @@ fn a_5xx_before_the_first_byte_falls_back_and_the_last_answer_passes_through() {
         ],
         "[ { provider: primary, weight: 1000000 }, { provider: secondary, weight: 1 } ]",
     ));
-    let r = chat(&gw, AGENT_KEY, &[]);
+    let r = post_chat(&gw, AGENT_KEY, &[]);
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-loopgate-provider"), Some("secondary"));
     assert_eq!(r.header("x-loopgate-fallback"), Some("primary"));
-    assert_eq!(received(&failing), 1);
+    assert_eq!(failing.received(), 1);
     // Both failing: the last provider's own 503 goes back unchanged.
     let gw = Gateway::start(&config(
         &[
@@ -167,7 +148,7 @@ fn a_5xx_before_the_first_byte_falls_back_and_the_last_answer_passes_through() {
         ],
         "[ { provider: primary }, { provider: secondary } ]",
     ));
-    let r = chat(&gw, AGENT_KEY, &[]);
+    let r = post_chat(&gw, AGENT_KEY, &[]);
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["error"]["message"], "injected fault");
     assert!(r.header("x-loopgate-fallback").is_some());
@@ -185,12 +166,12 @@ fn a_429_with_retry_after_takes_the_target_out_of_rotation() {
         "[ { provider: primary, weight: 1000000 }, { provider: secondary, weight: 1 } ]",
     ));
     for _ in 0..5 {
-        let r = chat(&gw, AGENT_KEY, &[]);
+        let r = post_chat(&gw, AGENT_KEY, &[]);
         assert_eq!(r.status, 200);
         assert_eq!(r.header("x-loopgate-provider"), Some("secondary"));
     }
     assert_eq!(
-        received(&limited),
+        limited.received(),
         1,
         "the rate-limited provider was asked again before Retry-After"
     );
@@ -216,7 +197,7 @@ fn a_mid_stream_reset_is_an_error_event_and_a_breaker_failure() {
     assert_eq!(r.status, 200);
     assert!(r.text().trim_end().ends_with("}"), "{}", r.text());
     assert!(r.text().contains(r#"data: {"error":"#), "{}", r.text());
-    chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
+    post_chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
 }
 
 #[test]
@@ -232,13 +213,13 @@ fn isolation_by_agent_keeps_agent_b_served_while_a_is_cut_off() {
     ));
     for _ in 0..2 {
         assert_eq!(
-            chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 502"]).status,
+            post_chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 502"]).status,
             502
         );
     }
-    chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
+    post_chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
     assert_eq!(
-        chat(&gw, B_KEY, &[]).status,
+        post_chat(&gw, B_KEY, &[]).status,
         200,
         "agent B must not be cut off by A's failures"
     );
@@ -256,16 +237,16 @@ fn an_active_probe_tests_half_open_instead_of_live_traffic() {
         "[ { provider: p } ]",
     ));
     assert_eq!(
-        chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 500"]).status,
+        post_chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 500"]).status,
         500
     );
-    chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
+    post_chat(&gw, AGENT_KEY, &[]).assert_gateway_error(503, "circuit_open");
     // The gateway's own GET /v1/models closes it; no agent request was the probe.
     assert!(eventually(5, || mock
         .requests()
         .iter()
         .any(|r| r["path"] == "/v1/models")));
-    assert!(eventually(5, || chat(&gw, AGENT_KEY, &[]).status == 200));
+    assert!(eventually(5, || post_chat(&gw, AGENT_KEY, &[]).status == 200));
     let posts = mock
         .requests()
         .iter()
@@ -293,7 +274,7 @@ fn targets_can_rename_the_model() {
         &[("p", mock.url(), "")],
         "[ { provider: p, model: local-llama } ]",
     ));
-    let r = chat(&gw, AGENT_KEY, &[]);
+    let r = post_chat(&gw, AGENT_KEY, &[]);
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["model"], "local-llama");
     let renamed = CHAT.replace("gpt-4o-mini", "local-llama");
@@ -313,7 +294,7 @@ fn a_first_byte_timeout_falls_back() {
         &[("slow", slow.url(), ""), ("fast", healthy.url(), "")],
         "[ { provider: slow, weight: 1000000 }, { provider: fast, weight: 1 } ]",
     ));
-    let r = chat(&gw, AGENT_KEY, &[]);
+    let r = post_chat(&gw, AGENT_KEY, &[]);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-loopgate-provider"), Some("fast"));
     assert_eq!(r.header("x-loopgate-fallback"), Some("slow"));
@@ -334,9 +315,9 @@ fn the_retry_budget_bounds_attempts() {
     );
     yaml = yaml.replace("agents:\n", "    retry: { max_attempts: 2 }\nagents:\n");
     let gw = Gateway::start(&yaml);
-    let r = chat(&gw, AGENT_KEY, &[]);
+    let r = post_chat(&gw, AGENT_KEY, &[]);
     assert_eq!(r.status, 503, "the last provider's own answer");
-    let total: u64 = mocks.iter().map(received).sum();
+    let total: u64 = mocks.iter().map(Mock::received).sum();
     assert_eq!(total, 2, "max_attempts: 2 allows two upstream calls in all");
 }
 
@@ -403,13 +384,13 @@ fn the_gateways_own_socket_shortage_is_not_the_providers_failure() {
     // (The second waits out Pingora's pause after a refused accept, while
     // the first one's descriptor is closed.)
     for _ in 0..2 {
-        let r = chat(&gw, AGENT_KEY, &[]);
+        let r = post_chat(&gw, AGENT_KEY, &[]);
         r.assert_gateway_error(503, "gateway_overloaded");
         assert_eq!(r.header("retry-after"), Some("1"));
         assert_eq!(r.json()["error"]["retryable"], true);
     }
     assert_eq!(
-        received(&mock),
+        mock.received(),
         0,
         "nothing could have reached the provider"
     );
@@ -417,10 +398,10 @@ fn the_gateways_own_socket_shortage_is_not_the_providers_failure() {
     // Descriptors back: the provider's breaker never counted the shortage,
     // so the next request goes straight through.
     set_nofile(pid, soft, hard);
-    let r = chat(&gw, AGENT_KEY, &[]);
+    let r = post_chat(&gw, AGENT_KEY, &[]);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-loopgate-provider"), Some("p"));
-    assert_eq!(received(&mock), 1);
+    assert_eq!(mock.received(), 1);
 }
 
 /// With the circuit open, a body past Pingora's 64 KiB retry buffer (the
@@ -437,26 +418,25 @@ fn an_open_circuit_answers_large_and_small_bodies_alike() {
         "[ { provider: p } ]",
     ));
     assert_eq!(
-        chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 500"]).status,
+        post_chat(&gw, AGENT_KEY, &["-H", "x-mock-status: 500"]).status,
         500
     );
     let mut large = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":""#.to_vec();
     large.extend(std::iter::repeat_n(b'z', 80 * 1024));
     large.extend_from_slice(br#""}]}"#);
-    let url = gw.url("/v1/chat/completions");
-    let key = auth(AGENT_KEY);
     let answers: Vec<(bool, Resp)> = std::thread::scope(|s| {
         let sent: Vec<_> = (0..40)
             .flat_map(|_| [true, false])
             .map(|big| {
-                let (url, key, large) = (&url, &key, &large);
+                let (gw, large) = (&gw, &large);
                 s.spawn(move || {
                     let body = if big {
                         large.as_slice()
                     } else {
                         CHAT.as_bytes()
                     };
-                    (big, curl_body(&[url, "-H", key], body))
+                    let path = "/v1/chat/completions";
+                    (big, post_json(gw, AGENT_KEY, path, &[], body))
                 })
             })
             .collect();
@@ -471,5 +451,5 @@ fn an_open_circuit_answers_large_and_small_bodies_alike() {
             .unwrap();
         assert!(after >= 1, "{after}");
     }
-    assert_eq!(received(&mock), 1, "nothing reached the open provider");
+    assert_eq!(mock.received(), 1, "nothing reached the open provider");
 }

@@ -104,19 +104,9 @@ agents:
 }
 
 fn chat(gw: &Gateway, key: &str, extra: &[&str]) -> Resp {
-    let url = gw.url("/v1/chat/completions");
-    let auth = auth(key);
     // -m: a hang guard, never a timing judgement.
-    let mut args = vec![url.as_str(), "-m", "20", "-H", &auth];
-    args.extend_from_slice(extra);
-    args.extend(["-d", CHAT]);
-    curl(&args)
-}
-
-fn received(mock: &Mock) -> u64 {
-    curl(&[&format!("{}/_mock/stats", mock.url())]).json()["requests"]
-        .as_u64()
-        .unwrap()
+    let args = [&["-m", "20"], extra].concat();
+    post_json(gw, key, "/v1/chat/completions", &args, CHAT.as_bytes())
 }
 
 /// `n` requests at once, spread round-robin over `gws`.
@@ -159,7 +149,7 @@ fn three_instances_admit_exactly_the_shared_limits() {
     }
 
     // 10 requests per minute; 40 at once over three instances.
-    let before = received(&mock);
+    let before = mock.received();
     let r = burst(&gws, 40, RPM_KEY, &[]);
     assert_eq!(count(&r, 200), 10, "admitted vs limit 10");
     assert_eq!(count(&r, 429), 30);
@@ -167,7 +157,7 @@ fn three_instances_admit_exactly_the_shared_limits() {
         denied.assert_gateway_error(429, "rate_limited");
     }
     assert_eq!(
-        received(&mock) - before,
+        mock.received() - before,
         10,
         "the provider saw exactly the limit"
     );
@@ -175,22 +165,22 @@ fn three_instances_admit_exactly_the_shared_limits() {
     // A daily budget of 1000 tokens; each request reserves ~101 (its prompt
     // plus max_tokens 100), so 9 fit. The mock answers slowly, so no
     // reservation is settled (refunded) while the burst is admitted.
-    let before = received(&mock);
+    let before = mock.received();
     let r = burst(&gws, 36, BUDGET_KEY, &["-H", "x-mock-latency-ms: 3000"]);
     assert_eq!(count(&r, 200), 9, "admitted reservations within the budget");
     for denied in r.iter().filter(|r| r.status != 200) {
         denied.assert_gateway_error(402, "budget_exceeded");
     }
-    assert_eq!(received(&mock) - before, 9);
+    assert_eq!(mock.received() - before, 9);
 
     // 4 in flight at most, 16 slow requests at once.
-    let before = received(&mock);
+    let before = mock.received();
     let r = burst(&gws, 16, SLOTS_KEY, &["-H", "x-mock-latency-ms: 3000"]);
     assert_eq!(count(&r, 200), 4, "in flight vs limit 4");
     for denied in r.iter().filter(|r| r.status != 200) {
         denied.assert_gateway_error(429, "too_many_in_flight");
     }
-    assert_eq!(received(&mock) - before, 4);
+    assert_eq!(mock.received() - before, 4);
     // Released: the next ones get in.
     assert_eq!(count(&burst(&gws, 3, SLOTS_KEY, &[]), 200), 3);
 }
@@ -209,7 +199,7 @@ fn a_breaker_opened_on_one_instance_is_open_on_all() {
     chat(&gws[0], RPM_KEY, &[]).assert_gateway_error(503, "circuit_open");
     // B and C learn it through Redis (watched on their admin port, so the
     // watching sends nothing upstream)...
-    let before = received(&mock);
+    let before = mock.received();
     for gw in &gws[1..] {
         assert!(
             // The gauge appears when the instance first learns of it.
@@ -228,7 +218,7 @@ fn a_breaker_opened_on_one_instance_is_open_on_all() {
         }
     }
     assert_eq!(
-        received(&mock),
+        mock.received(),
         before,
         "the upstream sees nothing while open"
     );
@@ -241,14 +231,14 @@ fn losing_redis_denies_without_touching_the_upstream_and_recovers() {
     let port = redis.port;
     let gw = Gateway::start(&config(&mock, &redis, ""));
     assert_eq!(chat(&gw, RPM_KEY, &[]).status, 200);
-    let before = received(&mock);
+    let before = mock.received();
     redis.stop();
     for _ in 0..5 {
         let r = chat(&gw, RPM_KEY, &[]);
         r.assert_gateway_error(503, "state_unavailable");
         assert_eq!(r.json()["error"]["retryable"], true);
     }
-    assert_eq!(received(&mock), before, "nothing went upstream");
+    assert_eq!(mock.received(), before, "nothing went upstream");
     // Health and metrics keep serving; readiness says why not.
     assert_eq!(curl(&[&gw.admin_url("/health")]).status, 200);
     assert!(eventually(5, || {
@@ -314,7 +304,7 @@ fn slots_held_by_a_killed_instance_come_back_after_the_lease() {
         })
         .collect();
     assert!(
-        eventually(10, || received(&mock) >= 4),
+        eventually(10, || mock.received() >= 4),
         "A forwarded all four"
     );
     chat(&b, SLOTS_KEY, &[]).assert_gateway_error(429, "too_many_in_flight");
@@ -356,17 +346,17 @@ fn fail_mode_open_forwards_tool_calls_the_gateway_cannot_judge_and_says_so() {
     let r = call("lenient", "k1");
     assert_eq!((r.status, r.header("x-loopgate-fail-open")), (200, None));
     redis.stop();
-    let before = received(&mock);
+    let before = mock.received();
     // closed (the default): refused, nothing sent.
     let r = call("strict", "k2");
     r.assert_gateway_error(503, "state_unavailable");
     assert_eq!(r.json()["error"]["upstream_failed"], false);
-    assert_eq!(received(&mock), before);
+    assert_eq!(mock.received(), before);
     // open: forwarded, and marked with why the gateway could not decide.
     let r = call("lenient", "k3");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-loopgate-fail-open"), Some("state_unavailable"));
-    assert_eq!(received(&mock), before + 1);
+    assert_eq!(mock.received(), before + 1);
     assert_eq!(
         gw.metric("loopgate_fail_open_total{reason=\"state_unavailable\",tool=\"lenient\"}"),
         1.0
@@ -387,7 +377,7 @@ fn fail_mode_open_forwards_tool_calls_the_gateway_cannot_judge_and_says_so() {
         &auth(RPM_KEY),
     ]);
     assert_eq!(r.status, 405, "{}", r.text());
-    assert_eq!(received(&mock), before + 1);
+    assert_eq!(mock.received(), before + 1);
 }
 
 #[test]
@@ -400,10 +390,10 @@ fn a_task_looping_across_instances_is_caught() {
     let task = ["-H", "x-agent-task-id: task-spread-1"];
     assert_eq!(chat(&gws[0], BUDGET_KEY, &task).status, 200);
     assert_eq!(chat(&gws[1], BUDGET_KEY, &task).status, 200);
-    let before = received(&mock);
+    let before = mock.received();
     let r = chat(&gws[2], BUDGET_KEY, &task);
     r.assert_gateway_error(409, "loop_detected");
-    assert_eq!(received(&mock), before, "the looping call was not sent");
+    assert_eq!(mock.received(), before, "the looping call was not sent");
     // The cool-down holds on every instance.
     chat(&gws[0], BUDGET_KEY, &task).assert_gateway_error(409, "loop_detected");
     // Another task is not affected.
@@ -426,10 +416,10 @@ fn the_watchdog_counts_a_tasks_steps_across_instances() {
     assert_eq!((r.status, guard(&r).as_deref()), (200, Some("warn")));
     let r = chat(&gws[2], WATCHED_KEY, &task);
     assert_eq!((r.status, guard(&r).as_deref()), (200, Some("warn")));
-    let before = received(&mock);
+    let before = mock.received();
     let r = chat(&gws[0], WATCHED_KEY, &task);
     r.assert_gateway_error(429, "task_stopped");
-    assert_eq!(received(&mock), before, "the stopped call was not sent");
+    assert_eq!(mock.received(), before, "the stopped call was not sent");
     chat(&gws[1], WATCHED_KEY, &task).assert_gateway_error(429, "task_stopped");
     // Another task is not affected.
     let other = ["-H", "x-agent-task-id: task-watched-2"];
@@ -466,13 +456,13 @@ fn a_tool_failing_a_task_on_every_instance_is_isolated_on_all() {
         assert_eq!(r.status, 503, "{}", r.text());
         assert!(eventually(10, || logged(gw, "streaky") == 1), "logged");
     }
-    let before = received(&mock);
+    let before = mock.received();
     for gw in &gws {
         let r = call(gw, "task-flaky-1", &[]);
         r.assert_gateway_error(409, "tool_isolated");
         assert!(r.header("retry-after").is_some());
     }
-    assert_eq!(received(&mock), before, "no isolated call was sent");
+    assert_eq!(mock.received(), before, "no isolated call was sent");
     // Another task of the agent still reaches the tool.
     assert_eq!(call(&gws[1], "task-flaky-2", &[]).status, 200);
 }
@@ -483,23 +473,12 @@ fn mcp_servers_follow_their_fail_mode_when_redis_is_lost() {
     let mut redis = Redis::start();
     let gw = Gateway::start(&config(&mock, &redis, ""));
     let post = |server: &str, sid: Option<&str>, body: &str| {
-        let url = gw.url(&format!("/mcp/{server}"));
-        let auth = auth(RPM_KEY);
         let sid = sid.map(|s| format!("mcp-session-id: {s}"));
-        let mut args = vec![
-            url.as_str(),
-            "-m",
-            "20",
-            "-H",
-            &auth,
-            "-H",
-            "content-type: application/json",
-        ];
+        let mut args = vec!["-m", "20"];
         if let Some(s) = &sid {
             args.extend(["-H", s.as_str()]);
         }
-        args.extend(["-d", body]);
-        curl(&args)
+        post_json(&gw, RPM_KEY, &format!("/mcp/{server}"), &args, body)
     };
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
     let call = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/a"}}}"#;
@@ -512,14 +491,14 @@ fn mcp_servers_follow_their_fail_mode_when_redis_is_lost() {
         .unwrap()
         .to_string();
     redis.stop();
-    let before = received(&mock);
+    let before = mock.received();
     let r = post("files-closed", Some(&closed_sid), call);
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(
         r.json()["error"]["data"]["loopgate_code"],
         "state_unavailable"
     );
-    assert_eq!(received(&mock), before);
+    assert_eq!(mock.received(), before);
     let r = post("files-open", Some(&open_sid), call);
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.json().get("result").is_some());
@@ -532,5 +511,5 @@ fn mcp_servers_follow_their_fail_mode_when_redis_is_lost() {
         r.json()["error"]["data"]["loopgate_code"],
         "tool_not_allowed"
     );
-    assert_eq!(received(&mock), before + 1);
+    assert_eq!(mock.received(), before + 1);
 }

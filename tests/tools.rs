@@ -6,13 +6,7 @@ use loopgate_tests::*;
 fn config(mock: &Mock, breaker: &str) -> String {
     format!(
         r#"
-listen: 127.0.0.1:{{PORT}}
-threads: 2
-providers:
-  oa: {{ kind: openai_compatible, base_url: "{mock}" }}
-routes:
-  - models: [gpt-4o-mini]
-    targets: [ {{ provider: oa }} ]
+{head}
 tools:
   weather:
     base_url: "{mock}/echo/weather"
@@ -48,6 +42,7 @@ agents:
     models: [gpt-4o-mini]
 "#,
         mock = mock.url(),
+        head = config_head(mock, "gpt-4o-mini", ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
         narrow = sha256_hex(NARROW_KEY.as_bytes()),
     )
@@ -117,107 +112,32 @@ fn bodies_of_any_type_stream_through_unchanged() {
 fn every_tool_denial_is_answered_without_forwarding() {
     let mock = Mock::start();
     let gw = start(&mock, "");
-    let key = auth(AGENT_KEY);
-    let narrow = auth(NARROW_KEY);
-    let cases: Vec<(Vec<String>, u16, &str)> = vec![
-        (
-            vec![gw.url("/tools/weather/v1/forecast")],
-            401,
-            "missing_key",
-        ),
-        (
-            vec![gw.url("/tools/nope/x"), "-H".into(), key.clone()],
-            404,
-            "not_found",
-        ),
-        (
-            vec![
-                gw.url("/tools/weather/v1/forecast"),
-                "-H".into(),
-                narrow.clone(),
-            ],
-            403,
-            "tool_not_allowed",
-        ),
-        (
-            vec![
-                gw.url("/tools/weather/v1/forecast"),
-                "-X".into(),
-                "POST".into(),
-                "-H".into(),
-                key.clone(),
-            ],
-            405,
-            "method_not_allowed",
-        ),
-        (
-            vec![gw.url("/tools/weather/v1/admin"), "-H".into(), key.clone()],
-            403,
-            "path_not_allowed",
-        ),
-        (
-            vec![
-                gw.url("/tools/weather/v1/forecast2"),
-                "-H".into(),
-                key.clone(),
-            ],
-            403,
-            "path_not_allowed",
-        ),
-        (
-            vec![
-                gw.url("/tools/weather/v1/city/../../admin"),
-                "--path-as-is".into(),
-                "-H".into(),
-                key.clone(),
-            ],
-            400,
-            "invalid_path",
-        ),
-        (
-            vec![
-                gw.url("/tools/weather/v1/city/%2e%2e/%2e%2e/admin"),
-                "-H".into(),
-                key.clone(),
-            ],
-            400,
-            "invalid_path",
-        ),
-        (
-            vec![
-                gw.url("/tools/weather/v1/city/x%2f..%2f..%2fadmin"),
-                "-H".into(),
-                key.clone(),
-            ],
-            400,
-            "invalid_path",
-        ),
-        (
-            vec![
-                gw.url("/tools/weather/v1//forecast"),
-                "--path-as-is".into(),
-                "-H".into(),
-                key.clone(),
-            ],
-            400,
-            "invalid_path",
-        ),
-        (
-            vec![
-                gw.url("/tools/orders/orders"),
-                "-H".into(),
-                key.clone(),
-                "-H".into(),
-                "Transfer-Encoding: chunked".into(),
-                "-d".into(),
-                "x".into(),
-            ],
-            411,
-            "length_required",
-        ),
+    let (tester, narrow) = (Some(AGENT_KEY), Some(NARROW_KEY));
+    let chunked: &[&str] = &["-H", "Transfer-Encoding: chunked", "-d", "x"];
+    // (the agent's key, path, more curl arguments, status, code)
+    type Case<'a> = (Option<&'a str>, &'a str, &'a [&'a str], u16, &'a str);
+    #[rustfmt::skip]
+    let cases: [Case; 11] = [
+        (None, "/tools/weather/v1/forecast", &[], 401, "missing_key"),
+        (tester, "/tools/nope/x", &[], 404, "not_found"),
+        (narrow, "/tools/weather/v1/forecast", &[], 403, "tool_not_allowed"),
+        (tester, "/tools/weather/v1/forecast", &["-X", "POST"], 405, "method_not_allowed"),
+        (tester, "/tools/weather/v1/admin", &[], 403, "path_not_allowed"),
+        (tester, "/tools/weather/v1/forecast2", &[], 403, "path_not_allowed"),
+        (tester, "/tools/weather/v1/city/../../admin", &["--path-as-is"], 400, "invalid_path"),
+        (tester, "/tools/weather/v1/city/%2e%2e/%2e%2e/admin", &[], 400, "invalid_path"),
+        (tester, "/tools/weather/v1/city/x%2f..%2f..%2fadmin", &[], 400, "invalid_path"),
+        (tester, "/tools/weather/v1//forecast", &["--path-as-is"], 400, "invalid_path"),
+        (tester, "/tools/orders/orders", chunked, 411, "length_required"),
     ];
-    for (args, status, code) in cases {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for (key, path, extra, status, code) in cases {
+        let url = gw.url(path);
+        let key = key.map(auth);
+        let mut args = vec![url.as_str()];
+        if let Some(k) = &key {
+            args.extend(["-H", k.as_str()]);
+        }
+        args.extend_from_slice(extra);
         let r = curl(&args);
         r.assert_gateway_error(status, code);
         assert_eq!(
@@ -227,8 +147,11 @@ fn every_tool_denial_is_answered_without_forwarding() {
         );
     }
     let big = vec![b'x'; 2_097_153];
-    curl_body(&[&gw.url("/tools/orders/orders"), "-H", &key], &big)
-        .assert_gateway_error(413, "body_too_large");
+    curl_body(
+        &[&gw.url("/tools/orders/orders"), "-H", &auth(AGENT_KEY)],
+        &big,
+    )
+    .assert_gateway_error(413, "body_too_large");
     assert_eq!(mock.connections(), 0, "a refused body reached the tool");
     assert!(mock.requests().is_empty(), "{:?}", mock.requests());
 }
@@ -281,21 +204,13 @@ fn a_tool_breaker_opens_on_a_500_storm_and_half_open_sends_only_the_probe() {
 }
 
 fn post(gw: &Gateway, path: &str, key: Option<&str>, extra: &[&str], body: &[u8]) -> Resp {
-    let url = gw.url(path);
-    let auth = auth(AGENT_KEY);
     let k = key.map(|k| format!("Idempotency-Key: {k}"));
-    let mut args = vec![
-        url.as_str(),
-        "-H",
-        &auth,
-        "-H",
-        "content-type: application/json",
-    ];
+    let mut args = vec![];
     if let Some(k) = &k {
         args.extend(["-H", k.as_str()]);
     }
     args.extend_from_slice(extra);
-    curl_body(&args, body)
+    post_json(gw, AGENT_KEY, path, &args, body)
 }
 
 fn tool_calls(mock: &Mock, path: &str) -> usize {
