@@ -39,6 +39,7 @@ pub mod normalize;
 pub mod output;
 pub mod pattern;
 pub mod phrases;
+pub mod price;
 pub mod rewrite;
 pub mod rules;
 pub mod store;
@@ -55,6 +56,7 @@ pub use keys::{hash_key, KeyDigest, KeyIndex};
 pub use output::{LimitField, OutputLimit, TargetOutput};
 pub use pattern::{NamePattern, PatternList};
 pub use phrases::PhraseMatcher;
+pub use price::Price;
 pub use rewrite::replace_model;
 pub use rules::{AgentKeys, AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, Verdict};
 pub use store::{
