@@ -30,6 +30,10 @@ routes:
     targets: [ {{ provider: oa }} ]
   - models: ["claude-3-5-haiku*"]
     targets: [ {{ provider: an }} ]
+# Filler bodies past gpt-4o-mini's real context window (prices.rs tests
+# the window guard).
+models:
+  gpt-4o-mini: {{ context_window: 1000000000 }}
 tools:
   weather:
     base_url: "{mock}/echo/weather"

@@ -278,3 +278,83 @@ models:
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+fn guarded_config(mock: &Mock) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+threads: 2
+providers:
+  oa:
+    kind: openai_compatible
+    base_url: {mock}
+    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
+  an:
+    kind: anthropic
+    base_url: {mock}
+    api_key_env: LOOPGATE_TEST_UPSTREAM_KEY
+routes:
+  - models: [gpt-4o, llama3]
+    targets: [ {{ provider: oa }} ]
+  - models: ["claude-sonnet-4-5*"]
+    targets: [ {{ provider: an }} ]
+models:
+  gpt-4o: {{ context_window: 500 }}
+  "claude-sonnet-4-5*": {{ context_window: 300 }}
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: ["*"]
+"#,
+        mock = mock.url(),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+    )
+}
+
+fn guarded_call(gw: &Gateway, model: &str, text: &str, max_tokens: u64) -> Resp {
+    let anthropic = model.starts_with("claude");
+    let (path, key) = if anthropic {
+        ("/v1/messages", format!("x-api-key: {AGENT_KEY}"))
+    } else {
+        ("/v1/chat/completions", auth(AGENT_KEY))
+    };
+    let body = serde_json::json!({
+        "model": model, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": text}],
+    })
+    .to_string();
+    curl(&[&gw.url(path), "-H", &key, "-d", &body])
+}
+
+#[test]
+fn a_prompt_past_the_context_window_is_refused_before_it_goes_upstream() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&guarded_config(&mock));
+    // 600 words of "lorem " are 600 tokens in o200k_base: past 500 alone.
+    let long = "lorem ".repeat(600);
+    let r = guarded_call(&gw, "gpt-4o", &long, 10);
+    r.assert_gateway_error(400, "context_window_exceeded");
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("tokens, counted)"), "{msg}");
+    assert!(msg.contains("window of 500 tokens"), "{msg}");
+    // A short prompt whose output limit does not fit: refused as well.
+    let short = "lorem ".repeat(50);
+    guarded_call(&gw, "gpt-4o", &short, 460).assert_gateway_error(400, "context_window_exceeded");
+    // Anthropic is estimated (4 bytes a token): 2,000 bytes of text are
+    // about 500 tokens, past 300.
+    let r = guarded_call(&gw, "claude-sonnet-4-5-20250929", &"abcd".repeat(500), 10);
+    r.assert_gateway_error(400, "context_window_exceeded");
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("tokens, estimated)"), "{msg}");
+    assert!(mock.requests().is_empty(), "{:?}", mock.requests());
+
+    // What fits goes: the same short prompt with room for its output, and
+    // a model without a window in the catalog (not counted at all).
+    assert_eq!(guarded_call(&gw, "gpt-4o", &short, 100).status, 200);
+    assert_eq!(guarded_call(&gw, "llama3", &long, 10).status, 200);
+    assert_eq!(
+        guarded_call(&gw, "claude-sonnet-4-5", "hello", 100).status,
+        200
+    );
+    assert_eq!(mock.requests().len(), 3);
+}

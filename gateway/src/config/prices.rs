@@ -91,7 +91,6 @@ impl PriceTable {
     }
 
     /// `model`'s context window, and its output maximum when known.
-    #[allow(dead_code)] // the context guard's (issue 23, next step)
     pub fn window(&self, model: &str) -> Option<(u64, Option<u64>)> {
         let window = self.first(model, |e| e.context_window)?;
         Some((window, self.first(model, |e| e.max_output)))
