@@ -2,6 +2,10 @@
 //! head and body rules) with 10 vs 1,000 blocked phrases. The phrase scan
 //! is one aho-corasick automaton, so the two should cost about the same.
 //!
+//! Also the cost of pricing an answer and of counting a prompt's tokens
+//! with OpenAI's tokenizer for the context guard, per KB of prompt (the
+//! guard's cheap bound skips the count for bodies far below the window).
+//!
 //! Run: cargo bench -p loopgate-benches --bench policy
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
@@ -93,5 +97,61 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// A chat body whose user message is `kb` KB of English-like text.
+fn prompt_body(kb: usize) -> Vec<u8> {
+    let sentence = "The agent retried the parser again because the schema had changed overnight. ";
+    let text: String = sentence.repeat(kb * 1024 / sentence.len() + 1)[..kb * 1024].to_string();
+    serde_json::to_vec(&serde_json::json!({
+        "model": "gpt-4o", "max_tokens": 512,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
+    }))
+    .unwrap()
+}
+
+fn pricing_and_counting(c: &mut Criterion) {
+    use loopgate_policy::prompt::{check_context, count_prompt};
+    use loopgate_policy::{Price, Usage};
+    let mut g = c.benchmark_group("pricing_and_counting");
+    let price = Price {
+        input: 2.5,
+        output: 10.0,
+        cache_read: 1.25,
+        cache_write: 2.5,
+    };
+    let usage = Usage {
+        input_tokens: 12_000,
+        output_tokens: 800,
+        cached_input_tokens: 4_000,
+        ..Usage::default()
+    };
+    g.bench_function("price_one_answer", |b| {
+        b.iter(|| black_box(&price).cost(black_box(&usage)))
+    });
+    // Warm the tokenizer (its vocabulary is parsed once per process).
+    let _ = count_prompt(Endpoint::ChatCompletions, "gpt-4o", &prompt_body(1), 1);
+    for kb in [1usize, 16, 64] {
+        let body = prompt_body(kb);
+        g.bench_function(format!("count_o200k_{kb}kb"), |b| {
+            b.iter(|| count_prompt(Endpoint::ChatCompletions, "gpt-4o", black_box(&body), 1))
+        });
+    }
+    // The guard's usual case: far below the window, nothing counted.
+    let body = prompt_body(16);
+    g.bench_function("guard_16kb_under_the_bound", |b| {
+        b.iter(|| {
+            check_context(
+                Endpoint::ChatCompletions,
+                "gpt-4o",
+                black_box(&body),
+                1,
+                2,
+                128_000,
+                512,
+            )
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, pricing_and_counting);
 criterion_main!(benches);

@@ -14,6 +14,10 @@ fn config(mock: &Mock) -> String {
         r#"
 {head}
 admin: {{ listen: "127.0.0.1:{{ADMIN_PORT}}", token_env: LOOPGATE_TEST_ADMIN_TOKEN }}
+# Filler bodies past gpt-4o-mini's real context window (prices.rs tests
+# the window guard).
+models:
+  gpt-4o-mini: {{ context_window: 1000000000 }}
 tools:
   weather:
     base_url: "{mock}/echo/weather"

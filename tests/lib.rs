@@ -224,6 +224,10 @@ routes:
     targets: [ {{ provider: oa }} ]
   - models: ["claude-3-5-haiku*"]
     targets: [ {{ provider: an }} ]
+# Transport tests send filler bodies (megabytes) far past the model's real
+# context window; the window guard has tests of its own (prices.rs).
+models:
+  gpt-4o-mini: {{ context_window: 1000000000 }}
 agents:
   tester:
     key_sha256: "{agent}"

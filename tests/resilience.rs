@@ -15,7 +15,9 @@ fn config(providers: &[(&str, String, &str)], targets: &str) -> String {
         );
     }
     yaml += &format!(
-        "routes:\n  - models: [gpt-4o-mini]\n    targets: {targets}\nagents:\n  a:\n    key_sha256: \"{}\"\n    models: [gpt-4o-mini]\n  b:\n    key_sha256: \"{}\"\n    models: [gpt-4o-mini]\n",
+        // A large filler body below is far past gpt-4o-mini's real
+        // context window: the window guard is tested in prices.rs.
+        "models:\n  gpt-4o-mini: {{ context_window: 1000000000 }}\nroutes:\n  - models: [gpt-4o-mini]\n    targets: {targets}\nagents:\n  a:\n    key_sha256: \"{}\"\n    models: [gpt-4o-mini]\n  b:\n    key_sha256: \"{}\"\n    models: [gpt-4o-mini]\n",
         sha256_hex(AGENT_KEY.as_bytes()),
         sha256_hex(B_KEY.as_bytes())
     );

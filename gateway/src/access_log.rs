@@ -180,6 +180,9 @@ pub struct Record<'a> {
     pub bytes_out: usize,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// What the answer cost in US dollars, from the reported usage and the
+    /// model's price; absent when either is unknown.
+    pub cost_usd: Option<f64>,
     pub attempts: u32,
     /// Answered from an idempotency record; nothing was forwarded.
     pub idempotent_replay: bool,
@@ -238,6 +241,7 @@ impl Record<'_> {
         o.num(k!("bytes_out"), self.bytes_out);
         o.opt_num(k!("prompt_tokens"), self.prompt_tokens);
         o.opt_num(k!("completion_tokens"), self.completion_tokens);
+        o.opt_num(k!("cost_usd"), self.cost_usd);
         o.num(k!("attempts"), self.attempts);
         o.bool(k!("idempotent_replay"), self.idempotent_replay);
         o.bool(k!("fallback_used"), self.fallback_used);
@@ -492,6 +496,7 @@ mod tests {
                 bytes_out: n[5] as usize,
                 prompt_tokens: opt[0].then_some(n[1]),
                 completion_tokens: opt[1].then_some(n[2]),
+                cost_usd: opt[4].then_some(f / 7.0),
                 attempts: n[3] as u32,
                 idempotent_replay: flags[1],
                 fallback_used: flags[2],

@@ -197,7 +197,7 @@ fn mock_options(f: FaultArgs) -> mock::MockOptions {
             body: None,
             upgrade: false,
             strict: f.strict,
-            max_output: None,
+            ..mock::Faults::default()
         },
     }
 }

@@ -8,8 +8,8 @@
 use loopgate_breaker::{State, Transition};
 use loopgate_policy::DenyCode;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -28,6 +28,8 @@ pub struct Metrics {
     pub fallbacks: IntCounterVec,
     pub retries: IntCounterVec,
     pub tokens: IntCounterVec,
+    /// US dollars the answers cost, by agent and catalog model name.
+    pub cost_usd: CounterVec,
     reloads: IntCounterVec,
     pub access_log_dropped: IntCounter,
     pub loop_trips: IntCounterVec,
@@ -130,6 +132,10 @@ impl Metrics {
             tokens: reg!(IntCounterVec::new(
                 counter("loopgate_tokens_total", "Tokens the providers reported, by agent, routed model and kind (prompt, completion)."),
                 &["agent", "model", "kind"]
+            )),
+            cost_usd: reg!(CounterVec::new(
+                counter("loopgate_cost_usd_total", "US dollars the answers cost (reported usage at the catalog's price), by agent and the price catalog's model name."),
+                &["agent", "model"]
             )),
             reloads: reg!(IntCounterVec::new(
                 counter("loopgate_config_reloads_total", "Config reloads by result (ok, error)."),

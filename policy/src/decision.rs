@@ -58,10 +58,12 @@ pub enum DenyCode {
     /// A header the gateway reads (`x-agent-task-id`) that is malformed or
     /// given twice: refused rather than ignored, so no guard is skipped.
     InvalidHeader,
+    /// The prompt plus the output limit exceeds the model's context window.
+    ContextWindowExceeded,
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 33] = [
+    pub const ALL: [DenyCode; 34] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -95,6 +97,7 @@ impl DenyCode {
         DenyCode::StateUnavailable,
         DenyCode::SessionNotOwned,
         DenyCode::InvalidHeader,
+        DenyCode::ContextWindowExceeded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -132,6 +135,7 @@ impl DenyCode {
             DenyCode::StateUnavailable => "state_unavailable",
             DenyCode::SessionNotOwned => "session_not_owned",
             DenyCode::InvalidHeader => "invalid_header",
+            DenyCode::ContextWindowExceeded => "context_window_exceeded",
         }
     }
 
@@ -158,6 +162,7 @@ impl DenyCode {
             | DenyCode::MissingModel
             | DenyCode::InvalidMessages
             | DenyCode::MaxTokensExceeded
+            | DenyCode::ContextWindowExceeded
             | DenyCode::TooManyMessages => 400,
             DenyCode::RateLimited | DenyCode::TooManyInFlight | DenyCode::TaskStopped => 429,
             DenyCode::BudgetExceeded => 402,
@@ -201,6 +206,7 @@ impl DenyCode {
             | DenyCode::MissingModel
             | DenyCode::InvalidMessages
             | DenyCode::MaxTokensExceeded
+            | DenyCode::ContextWindowExceeded
             | DenyCode::TooManyMessages => "invalid_request_error",
         }
     }

@@ -18,7 +18,8 @@
 //! 6. body rules: model (`model_not_allowed`), tools (`tool_not_allowed`),
 //!    `max_tokens` (`max_tokens_exceeded`), message count
 //!    (`too_many_messages`), blocked phrases (`blocked_phrase`),
-//! 7. routing (`unknown_model`),
+//! 7. routing (`unknown_model`), then the context window of the model
+//!    routed to (`context_window_exceeded`, [`prompt`]),
 //! 8. limits, all in one atomic store call: requests and tokens per minute
 //!    (`rate_limited`), in-flight requests (`too_many_in_flight`).
 //!
@@ -39,6 +40,8 @@ pub mod normalize;
 pub mod output;
 pub mod pattern;
 pub mod phrases;
+pub mod price;
+pub mod prompt;
 pub mod rewrite;
 pub mod rules;
 pub mod store;
@@ -55,6 +58,7 @@ pub use keys::{hash_key, KeyDigest, KeyIndex};
 pub use output::{LimitField, OutputLimit, TargetOutput};
 pub use pattern::{NamePattern, PatternList};
 pub use phrases::PhraseMatcher;
+pub use price::Price;
 pub use rewrite::replace_model;
 pub use rules::{AgentKeys, AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, Verdict};
 pub use store::{

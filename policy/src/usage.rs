@@ -8,19 +8,32 @@
 //! takes only the usage objects out of a document ([`reader`]).
 //!
 //! Recognised: OpenAI `usage.{prompt,completion}_tokens` (chat, completions,
-//! embeddings, final stream chunk), Anthropic `message.usage` in
-//! `message_start` and the cumulative `usage` of `message_delta`, and the
-//! Responses API's `response.usage.{input,output}_tokens`.
+//! embeddings, final stream chunk) with `prompt_tokens_details.cached_tokens`,
+//! Anthropic `message.usage` in `message_start` and the cumulative `usage`
+//! of `message_delta` (with `cache_read_input_tokens` and
+//! `cache_creation_input_tokens`), and the Responses API's
+//! `response.usage.{input,output}_tokens` with
+//! `input_tokens_details.cached_tokens`.
 
 mod reader;
 
 use reader::{read_counts, Counts};
 
-/// Tokens a provider reported for one exchange.
+/// Tokens a provider reported for one exchange, as it reported them: the
+/// two families count cached prompt tokens differently, so both ways are
+/// kept apart and [`Usage::cost`] prices each as its provider bills it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
+    /// `prompt_tokens` (OpenAI, cached ones included) or `input_tokens`
+    /// (Anthropic: the uncached part only).
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// OpenAI: the part of `input_tokens` read from the prompt cache.
+    pub cached_input_tokens: u64,
+    /// Anthropic: prompt tokens read from the cache, beside `input_tokens`.
+    pub cache_read_tokens: u64,
+    /// Anthropic: prompt tokens written to the cache, beside `input_tokens`.
+    pub cache_write_tokens: u64,
 }
 
 impl Usage {
@@ -47,6 +60,9 @@ pub struct UsageScanner {
     overflow: bool,
     input: Option<u64>,
     output: Option<u64>,
+    cached: Option<u64>,
+    cache_read: Option<u64>,
+    cache_write: Option<u64>,
     events: u64,
 }
 
@@ -71,6 +87,9 @@ impl UsageScanner {
             overflow: false,
             input: None,
             output: None,
+            cached: None,
+            cache_read: None,
+            cache_write: None,
             events: 0,
         }
     }
@@ -136,9 +155,14 @@ impl UsageScanner {
         if self.input.is_none() && self.output.is_none() {
             return None;
         }
+        let input = self.input.unwrap_or(0);
         Some(Usage {
-            input_tokens: self.input.unwrap_or(0),
+            input_tokens: input,
             output_tokens: self.output.unwrap_or(0),
+            // Part of the input: never more than it.
+            cached_input_tokens: self.cached.unwrap_or(0).min(input),
+            cache_read_tokens: self.cache_read.unwrap_or(0),
+            cache_write_tokens: self.cache_write.unwrap_or(0),
         })
     }
 
@@ -167,6 +191,15 @@ impl UsageScanner {
             }
             if let Some(o) = u.completion_tokens.or(u.output_tokens) {
                 self.output = Some(o);
+            }
+            if let Some(c) = u.prompt_cached.or(u.input_cached) {
+                self.cached = Some(c);
+            }
+            if let Some(r) = u.cache_read_input_tokens {
+                self.cache_read = Some(r);
+            }
+            if let Some(w) = u.cache_creation_input_tokens {
+                self.cache_write = Some(w);
             }
         }
     }
@@ -200,7 +233,8 @@ mod tests {
                 scan_in_pieces("text/event-stream", OPENAI_SSE.as_bytes(), piece),
                 Some(Usage {
                     input_tokens: 12,
-                    output_tokens: 7
+                    output_tokens: 7,
+                    ..Usage::default()
                 }),
                 "piece {piece}"
             );
@@ -218,7 +252,8 @@ mod tests {
                 ),
                 Some(Usage {
                     input_tokens: 25,
-                    output_tokens: 15
+                    output_tokens: 15,
+                    ..Usage::default()
                 })
             );
         }
@@ -231,7 +266,8 @@ mod tests {
             scan_in_pieces("application/json", body, 5),
             Some(Usage {
                 input_tokens: 3,
-                output_tokens: 4
+                output_tokens: 4,
+                ..Usage::default()
             })
         );
         let body = br#"{"type":"response.completed","response":{"usage":{"input_tokens":9,"output_tokens":2}}}"#;
@@ -243,8 +279,29 @@ mod tests {
             scan_in_pieces("text/event-stream", sse.as_bytes(), 4),
             Some(Usage {
                 input_tokens: 9,
-                output_tokens: 2
+                output_tokens: 2,
+                ..Usage::default()
             })
+        );
+    }
+
+    #[test]
+    fn cached_tokens_in_both_families() {
+        let sse = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":30}}}\n\ndata: [DONE]\n\n";
+        let u = scan_in_pieces("text/event-stream", sse.as_bytes(), 7).unwrap();
+        assert_eq!((u.input_tokens, u.cached_input_tokens), (50, 30));
+        let sse = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4,\"cache_read_input_tokens\":90,\"cache_creation_input_tokens\":6,\"output_tokens\":1}}}\n\n\
+            event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n";
+        let u = scan_in_pieces("text/event-stream", sse.as_bytes(), 5).unwrap();
+        assert_eq!(
+            u,
+            Usage {
+                input_tokens: 4,
+                output_tokens: 15,
+                cached_input_tokens: 0,
+                cache_read_tokens: 90,
+                cache_write_tokens: 6,
+            }
         );
     }
 
@@ -266,7 +323,8 @@ mod tests {
             json(r#"{"message":"overloaded","usage":{"prompt_tokens":5,"completion_tokens":1}}"#),
             Some(Usage {
                 input_tokens: 5,
-                output_tokens: 1
+                output_tokens: 1,
+                ..Usage::default()
             })
         );
         for odd in [
@@ -283,14 +341,16 @@ mod tests {
             json(r#"{"usage":{"prompt_tokens":"12","completion_tokens":9,"extra":{"a":[1]}}}"#),
             Some(Usage {
                 input_tokens: 0,
-                output_tokens: 9
+                output_tokens: 9,
+                ..Usage::default()
             })
         );
         assert_eq!(
             json(r#"{"response":{"usage":{"input_tokens":2,"output_tokens":3}},"usage":{}}"#),
             Some(Usage {
                 input_tokens: 2,
-                output_tokens: 3
+                output_tokens: 3,
+                ..Usage::default()
             })
         );
     }

@@ -1,12 +1,13 @@
 //! Configuration: strict YAML spec types (`spec`), validated into immutable
 //! runtime snapshots (`runtime`). A snapshot is built completely or not at
 //! all, so a bad file never replaces a running config. One module per kind
-//! of section: `providers`, `routes`, `tools`, `mcp`, `agents`, `listen`,
-//! `state`.
+//! of section: `providers`, `routes` (with `prices`), `tools`, `mcp`,
+//! `agents`, `listen`, `state`.
 
 mod agents;
 mod listen;
 mod mcp;
+pub mod prices;
 mod providers;
 mod routes;
 pub mod runtime;

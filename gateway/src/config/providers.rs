@@ -49,6 +49,8 @@ pub struct Provider {
     /// for host names so that no request ever waits on DNS.
     pub addr: ArcSwapOption<SocketAddr>,
     pub breaker: BreakerConfig,
+    /// Every model it serves costs this (`price:`), instead of the catalog's.
+    pub price: Option<loopgate_policy::Price>,
     /// One breaker per provider and agent rather than per provider.
     pub isolate_by_agent: bool,
     pub probe: Option<Probe>,
@@ -249,6 +251,10 @@ pub(super) fn build_provider(
     };
 
     let (breaker, isolate_by_agent, probe) = build_breaker(errs, &at, &p.breaker);
+    let price = p
+        .price
+        .as_ref()
+        .and_then(|s| super::prices::price(errs, &format!("{at}.price"), s));
 
     if errs.list.len() != before {
         return None;
@@ -316,6 +322,7 @@ pub(super) fn build_provider(
         isolate_by_agent,
         probe,
         custom_auth: None,
+        price,
     })
 }
 
@@ -458,6 +465,7 @@ pub(super) fn build_upstream(
         anthropic_version: None,
         timeouts: u.timeouts,
         breaker: u.breaker,
+        price: None,
     };
     let mut provider = build_provider(errs, section, fields, name, &as_provider, env)?;
     if let Some((header, var)) = custom {

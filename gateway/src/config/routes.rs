@@ -1,11 +1,12 @@
 //! Model routes (`routes:`) and the model catalog (`models:`): which
 //! providers serve a model, with what retry budget and output field.
 
+use super::prices::{build_prices, PriceTable};
 use super::providers::Provider;
 use super::runtime::{list, Errs};
 use super::spec::{self, ProviderKind};
 use loopgate_policy::output::openai_needs_max_completion_tokens;
-use loopgate_policy::{Endpoint, LimitField, NamePattern, TargetOutput};
+use loopgate_policy::{Endpoint, LimitField, NamePattern, TargetOutput, Usage};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,6 +73,42 @@ impl Route {
             clamp_asked: model != named || info.is_some_and(|m| m.clamp_requested),
         })
     }
+
+    /// The model name target `i` is sent for an agent's `model`.
+    pub fn sent_model<'a>(&'a self, i: usize, model: &'a str) -> &'a str {
+        self.targets
+            .get(i)
+            .and_then(|t| t.model.as_deref())
+            .unwrap_or(model)
+    }
+
+    /// What `usage` cost when `served_by` answered a call for `model` (the
+    /// agent's name) on this route, in dollars, with the metrics label for
+    /// the model: the catalog's name for the model sent, else the route's
+    /// name `route_label` (a provider price on a model the catalog does not
+    /// know). `None` when the price is unknown.
+    pub fn cost<'a>(
+        &'a self,
+        served_by: &str,
+        model: &'a str,
+        route_label: &'a str,
+        usage: &Usage,
+    ) -> Option<(&'a str, f64)> {
+        let i = self
+            .targets
+            .iter()
+            .position(|t| &*t.provider.name == served_by)?;
+        let sent = self.sent_model(i, model);
+        let prices = &self.models.prices;
+        let (label, price) = match self.targets[i].provider.price {
+            Some(p) => (prices.label(sent).map_or(route_label, |l| l.as_ref()), p),
+            None => {
+                let (label, p) = prices.price(sent)?;
+                (label.as_ref(), p)
+            }
+        };
+        Some((label, price.cost(usage)))
+    }
 }
 
 /// What the config says of one model (`models:`).
@@ -89,6 +126,8 @@ pub struct ModelCatalog {
     exact: HashMap<String, ModelInfo, ahash::RandomState>,
     /// Longest first.
     prefixes: Vec<(String, ModelInfo)>,
+    /// Prices and context windows: the built-in catalog under the config's.
+    pub prices: PriceTable,
 }
 
 impl ModelCatalog {
@@ -113,7 +152,10 @@ pub(super) fn build_models(
     errs: &mut Errs,
     models: &std::collections::BTreeMap<String, spec::ModelSpec>,
 ) -> ModelCatalog {
-    let mut catalog = ModelCatalog::default();
+    let mut catalog = ModelCatalog {
+        prices: build_prices(errs, models),
+        ..ModelCatalog::default()
+    };
     for (name, m) in models {
         let at = format!("models.{name}");
         if m.max_output_tokens == Some(0) {

@@ -49,6 +49,9 @@ pub struct Config {
     pub access_log: AccessTarget,
     pub providers: Vec<Arc<Provider>>,
     pub routes: Routes,
+    /// What a money budget does with a model without a price
+    /// (`on_unknown_price`, default `deny`).
+    pub on_unknown_price: super::spec::UnknownPrice,
     pub agents: Vec<Arc<AgentRules>>,
     /// Loop guard and watchdog per agent, indexed like `agents`.
     pub guards: Vec<Guards>,
@@ -123,6 +126,10 @@ impl Config {
                         "isolate_by": if p.isolate_by_agent { "agent" } else { "none" },
                         "probe": p.probe.as_ref().map(|pr| format!("{} {}", pr.method, pr.path)),
                     },
+                    "price": p.price.map(|pr| json!({
+                        "input": pr.input, "output": pr.output,
+                        "cache_read": pr.cache_read, "cache_write": pr.cache_write,
+                    })),
                 })
             })
             .collect();
@@ -193,6 +200,13 @@ impl Config {
                 })
             }).collect::<Vec<_>>(),
             "routes": routes,
+            "prices": {
+                "built_in_taken": super::prices::built_in_date(),
+                "on_unknown_price": match self.on_unknown_price {
+                    super::spec::UnknownPrice::Deny => "deny",
+                    super::spec::UnknownPrice::Zero => "zero",
+                },
+            },
             "agents": agents,
         })
     }
@@ -330,6 +344,7 @@ pub fn build(
         access_log,
         providers,
         routes,
+        on_unknown_price: spec.on_unknown_price.unwrap_or_default(),
         agents,
         guards,
         forward_headers,

@@ -28,6 +28,11 @@ pub struct ConfigSpec {
     /// prefix wins).
     #[serde(default)]
     pub models: BTreeMap<String, ModelSpec>,
+    /// What a money budget does with a model that has no price: `deny`
+    /// (default: a budget that cannot be computed is not a budget) or
+    /// `zero` (count it as free).
+    #[serde(default)]
+    pub on_unknown_price: Option<UnknownPrice>,
     /// HTTP tool upstreams, served at `/tools/{tool}/{path}`.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolSpec>,
@@ -236,6 +241,36 @@ pub struct ProviderSpec {
     pub timeouts: TimeoutsSpec,
     #[serde(default)]
     pub breaker: BreakerSpec,
+    /// One price for every model this provider serves, instead of the
+    /// catalog's (a local model: all zero).
+    #[serde(default)]
+    pub price: Option<PriceSpec>,
+}
+
+/// `on_unknown_price:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownPrice {
+    #[default]
+    Deny,
+    Zero,
+}
+
+/// A model's prices in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceSpec {
+    /// Prompt tokens not read from the cache.
+    pub input: f64,
+    pub output: f64,
+    /// Prompt tokens read from the cache (OpenAI's cached input, Anthropic's
+    /// cache read). Default: the input price.
+    #[serde(default)]
+    pub cache_read: Option<f64>,
+    /// Prompt tokens written to the cache (Anthropic). Default: the input
+    /// price.
+    #[serde(default)]
+    pub cache_write: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -487,6 +522,14 @@ pub struct ModelSpec {
     /// `max_tokens` otherwise. A route's or target's setting wins.
     #[serde(default)]
     pub max_tokens_field: Option<ChatLimitField>,
+    /// The model's price, instead of the built-in catalog's
+    /// (`gateway/data/prices.yaml`).
+    #[serde(default)]
+    pub price: Option<PriceSpec>,
+    /// The model's context window in tokens (prompt and output together),
+    /// instead of the catalog's.
+    #[serde(default)]
+    pub context_window: Option<u64>,
     /// Cap an agent's own output limit at `max_output_tokens` also when
     /// the agent named this model (it cannot produce more anyway; without
     /// this the provider's own 400 answers). Default false.

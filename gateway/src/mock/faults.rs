@@ -15,6 +15,9 @@
 //! | `x-mock-upgrade: 1` | answer `101 Switching Protocols` |
 //! | `x-mock-strict: 1` | refuse output limits the real provider refuses (see [`super::strict`]); `0` turns `--strict` off |
 //! | `x-mock-max-output: 4096` | with strict: the model's output maximum, instead of the mock's table |
+//! | `x-mock-prompt-tokens: 1000` | the prompt tokens reported (default: the body's length / 4) |
+//! | `x-mock-cached-tokens: 400` | of those, read from the prompt cache (OpenAI `cached_tokens`, Anthropic `cache_read_input_tokens`) |
+//! | `x-mock-cache-write-tokens: 200` | of those, written to the cache (Anthropic `cache_creation_input_tokens`) |
 
 use http::HeaderMap;
 
@@ -32,6 +35,12 @@ pub struct Faults {
     pub strict: bool,
     /// With `strict`: the output maximum of every model, instead of the table.
     pub max_output: Option<u64>,
+    /// The prompt tokens reported, instead of the body's length / 4.
+    pub prompt_tokens: Option<u64>,
+    /// Of the prompt, tokens read from the cache.
+    pub cached_tokens: u64,
+    /// Of the prompt, tokens written to the cache (Anthropic).
+    pub cache_write_tokens: u64,
 }
 
 /// What the mock adds to every answer of one request (a hostile or broken
@@ -71,6 +80,9 @@ impl Default for Faults {
             upgrade: false,
             strict: false,
             max_output: None,
+            prompt_tokens: None,
+            cached_tokens: 0,
+            cache_write_tokens: 0,
         }
     }
 }
@@ -116,6 +128,15 @@ impl Faults {
         }
         if let Some(v) = num(headers, "x-mock-max-output") {
             f.max_output = Some(v);
+        }
+        if let Some(v) = num(headers, "x-mock-prompt-tokens") {
+            f.prompt_tokens = Some(v);
+        }
+        if let Some(v) = num(headers, "x-mock-cached-tokens") {
+            f.cached_tokens = v;
+        }
+        if let Some(v) = num(headers, "x-mock-cache-write-tokens") {
+            f.cache_write_tokens = v;
         }
         if let Some(b) = headers.get("x-mock-body").and_then(|v| v.to_str().ok()) {
             f.body = Some(b.to_string());

@@ -335,7 +335,7 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
             return write_json(session, status, &refusal, &[]).await;
         }
     }
-    let exchange = responses::Exchange::new(endpoint, &req_json, body.len(), faults.chunks);
+    let exchange = responses::Exchange::new(endpoint, &req_json, body.len(), &faults);
     if req_json.get("stream").and_then(Value::as_bool) == Some(true)
         && endpoint != responses::Endpoint::Embeddings
     {

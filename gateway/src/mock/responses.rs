@@ -72,13 +72,23 @@ pub struct Exchange {
     endpoint: Endpoint,
     model: String,
     prompt_tokens: u64,
+    /// Of the prompt, read from the cache and written to it.
+    cached_tokens: u64,
+    cache_write_tokens: u64,
     pieces: Vec<&'static str>,
     include_usage: bool,
     inputs: usize,
 }
 
 impl Exchange {
-    pub fn new(endpoint: Endpoint, req: &Value, body_len: usize, chunks: usize) -> Exchange {
+    pub fn new(
+        endpoint: Endpoint,
+        req: &Value,
+        body_len: usize,
+        faults: &super::faults::Faults,
+    ) -> Exchange {
+        let chunks = faults.chunks;
+        let prompt_tokens = faults.prompt_tokens.unwrap_or((body_len as u64 / 4).max(1));
         let model = req
             .get("model")
             .and_then(Value::as_str)
@@ -96,7 +106,11 @@ impl Exchange {
         Exchange {
             endpoint,
             model,
-            prompt_tokens: (body_len as u64 / 4).max(1),
+            prompt_tokens,
+            cached_tokens: faults.cached_tokens.min(prompt_tokens),
+            cache_write_tokens: faults
+                .cache_write_tokens
+                .min(prompt_tokens.saturating_sub(faults.cached_tokens)),
             pieces: (0..chunks).map(|i| WORDS[i % WORDS.len()]).collect(),
             include_usage,
             inputs,
@@ -116,6 +130,18 @@ impl Exchange {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens(),
             "total_tokens": self.prompt_tokens + self.completion_tokens(),
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens, "audio_tokens": 0},
+        })
+    }
+
+    /// Anthropic's usage: `input_tokens` is the uncached part of the
+    /// prompt; cache reads and writes are reported beside it.
+    fn anthropic_usage(&self, output_tokens: u64) -> Value {
+        json!({
+            "input_tokens": self.prompt_tokens - self.cached_tokens - self.cache_write_tokens,
+            "cache_read_input_tokens": self.cached_tokens,
+            "cache_creation_input_tokens": self.cache_write_tokens,
+            "output_tokens": output_tokens,
         })
     }
 
@@ -133,6 +159,7 @@ impl Exchange {
             "model": self.model, "output": output,
             "usage": if with_output { json!({
                 "input_tokens": self.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": self.cached_tokens},
                 "output_tokens": self.completion_tokens(),
                 "total_tokens": self.prompt_tokens + self.completion_tokens(),
             }) } else { Value::Null },
@@ -167,7 +194,7 @@ impl Exchange {
                 "id": "msg_mock", "type": "message", "role": "assistant", "model": self.model,
                 "content": [{"type": "text", "text": self.text()}],
                 "stop_reason": "end_turn", "stop_sequence": null,
-                "usage": {"input_tokens": self.prompt_tokens, "output_tokens": self.completion_tokens()},
+                "usage": self.anthropic_usage(self.completion_tokens()),
             }),
         }
     }
@@ -254,7 +281,7 @@ impl Exchange {
                     "message": {
                         "id": "msg_mock", "type": "message", "role": "assistant", "model": self.model,
                         "content": [], "stop_reason": null, "stop_sequence": null,
-                        "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 1}
+                        "usage": self.anthropic_usage(1)
                     }
                 })));
                 out.push(named("content_block_start", json!({
@@ -275,7 +302,7 @@ impl Exchange {
                     json!({
                         "type": "message_delta",
                         "delta": {"stop_reason": "end_turn", "stop_sequence": null},
-                        "usage": {"output_tokens": self.completion_tokens()}
+                        "usage": self.anthropic_usage(self.completion_tokens())
                     }),
                 ));
                 out.push(named("message_stop", json!({"type": "message_stop"})));
@@ -289,11 +316,44 @@ impl Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mock::faults::Faults;
+
+    fn chunks(n: usize) -> Faults {
+        Faults {
+            chunks: n,
+            ..Faults::default()
+        }
+    }
+
+    #[test]
+    fn cached_tokens_are_reported_as_each_family_does() {
+        let f = Faults {
+            chunks: 2,
+            prompt_tokens: Some(1000),
+            cached_tokens: 600,
+            cache_write_tokens: 100,
+            ..Faults::default()
+        };
+        let req = json!({"model": "m", "messages": []});
+        let chat = Exchange::new(Endpoint::ChatCompletions, &req, 40, &f).full_response();
+        assert_eq!(chat["usage"]["prompt_tokens"], 1000);
+        assert_eq!(chat["usage"]["prompt_tokens_details"]["cached_tokens"], 600);
+        let msg = Exchange::new(Endpoint::Messages, &req, 40, &f).full_response();
+        assert_eq!(msg["usage"]["input_tokens"], 300);
+        assert_eq!(msg["usage"]["cache_read_input_tokens"], 600);
+        assert_eq!(msg["usage"]["cache_creation_input_tokens"], 100);
+        let ev = Exchange::new(Endpoint::Messages, &req, 40, &f).stream_events();
+        let delta = ev
+            .iter()
+            .find(|e| e.starts_with("event: message_delta"))
+            .unwrap();
+        assert!(delta.contains("\"cache_read_input_tokens\":600"));
+    }
 
     #[test]
     fn chat_stream_ends_with_usage_and_done() {
         let req = json!({"model": "m", "messages": [], "stream": true});
-        let ev = Exchange::new(Endpoint::ChatCompletions, &req, 40, 3).stream_events();
+        let ev = Exchange::new(Endpoint::ChatCompletions, &req, 40, &chunks(3)).stream_events();
         assert_eq!(ev.len(), 1 + 3 + 1 + 1 + 1);
         assert!(ev[ev.len() - 2].contains("\"completion_tokens\":3"));
         assert_eq!(ev.last().unwrap(), "data: [DONE]\n\n");
@@ -303,14 +363,14 @@ mod tests {
     #[test]
     fn usage_can_be_opted_out() {
         let req = json!({"model": "m", "stream": true, "stream_options": {"include_usage": false}});
-        let ev = Exchange::new(Endpoint::ChatCompletions, &req, 40, 2).stream_events();
+        let ev = Exchange::new(Endpoint::ChatCompletions, &req, 40, &chunks(2)).stream_events();
         assert!(!ev.iter().any(|e| e.contains("usage")));
     }
 
     #[test]
     fn anthropic_stream_reports_output_tokens() {
         let req = json!({"model": "c", "messages": [], "stream": true});
-        let ev = Exchange::new(Endpoint::Messages, &req, 400, 5).stream_events();
+        let ev = Exchange::new(Endpoint::Messages, &req, 400, &chunks(5)).stream_events();
         assert!(ev[0].starts_with("event: message_start\n"));
         assert!(ev[0].contains("\"input_tokens\":100"));
         assert!(ev.iter().any(|e| e.contains("\"output_tokens\":5")));

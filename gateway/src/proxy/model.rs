@@ -44,6 +44,7 @@ pub async fn judge(
     }
     let plan = rules.check_body(&facts, verdict)?;
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
+    context_guard(endpoint, &route, &facts, &body, plan.output_tokens)?;
     // The loop guard fingerprints the whole body (as the agent sent it:
     // the output limit is written per attempt); parsed only when a task
     // is guarded.
@@ -81,6 +82,38 @@ pub async fn judge(
             output: plan.output,
         }),
     })))
+}
+
+/// The context window guard: the prompt plus the output limit per
+/// completion (`max_tokens`, the agent's inserted limit or the default
+/// output) must fit the window of the model the route's first target is
+/// sent, when the catalog knows that window. Embeddings have no output.
+fn context_guard(
+    endpoint: Endpoint,
+    route: &Route,
+    facts: &loopgate_policy::BodyFacts,
+    body: &[u8],
+    output_tokens: u64,
+) -> Result<(), GatewayError> {
+    let sent = route.sent_model(0, &facts.model);
+    let Some((window, max_output)) = route.models.prices.window(sent) else {
+        return Ok(());
+    };
+    // The model never writes more than its own maximum.
+    let output = match endpoint {
+        Endpoint::Embeddings => 0,
+        _ => (output_tokens / facts.choices()).min(max_output.unwrap_or(u64::MAX)),
+    };
+    loopgate_policy::prompt::check_context(
+        endpoint,
+        sent,
+        body,
+        facts.estimated_prompt_tokens(),
+        facts.messages.unwrap_or(0) as u64,
+        window,
+        output,
+    )?;
+    Ok(())
 }
 
 /// The route serving `model` on `endpoint`.

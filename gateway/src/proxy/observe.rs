@@ -64,6 +64,8 @@ struct Summary<'a> {
     /// The provider a fallback left, when another one answered.
     fallback_from: Option<&'a str>,
     usage: Option<loopgate_policy::Usage>,
+    /// What the answer cost, with the catalog's name for the model.
+    cost: Option<(&'a str, f64)>,
 }
 
 impl<'a> Summary<'a> {
@@ -75,6 +77,14 @@ impl<'a> Summary<'a> {
                 .unwrap_or_else(Instant::now)
                 .saturating_duration_since(t)
         });
+        let usage = ctx.usage();
+        let cost = match (usage, ctx.admitted.as_deref(), ctx.served_by.as_deref()) {
+            (Some(u), Some(adm), Some(served)) => adm.model().and_then(|m| {
+                adm.route
+                    .cost(served, &m.model, adm.route_name.as_ref(), &u)
+            }),
+            _ => None,
+        };
         Summary {
             elapsed,
             status: session.response_written().map_or(0, |r| r.status.as_u16()),
@@ -88,7 +98,8 @@ impl<'a> Summary<'a> {
                 .from
                 .as_deref()
                 .filter(|f| Some(*f) != provider && provider.is_some()),
-            usage: ctx.usage(),
+            usage,
+            cost,
         }
     }
 }
@@ -148,6 +159,9 @@ fn count(m: &crate::metrics::Metrics, ctx: &RequestCtx, sum: &Summary<'_>) {
             .with_label_values(&[agent, route, "completion"])
             .inc_by(u.output_tokens);
     }
+    if let Some((model, usd)) = sum.cost {
+        m.cost_usd.with_label_values(&[agent, model]).inc_by(usd);
+    }
 }
 
 /// The request's access-log line.
@@ -201,6 +215,7 @@ fn write_log(
         bytes_out: session.as_downstream().body_bytes_sent(),
         prompt_tokens: sum.usage.map(|u| u.input_tokens),
         completion_tokens: sum.usage.map(|u| u.output_tokens),
+        cost_usd: sum.cost.map(|(_, usd)| usd),
         attempts: ctx.fallback.attempts,
         idempotent_replay: ctx.replayed,
         fallback_used: sum.fallback_from.is_some(),

@@ -28,6 +28,16 @@ pub(crate) struct Fields {
     pub completion_tokens: Option<u64>,
     pub input_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
+    /// Anthropic: prompt tokens read from the cache, beside `input_tokens`.
+    pub cache_read_input_tokens: Option<u64>,
+    /// Anthropic: prompt tokens written to the cache, beside `input_tokens`.
+    pub cache_creation_input_tokens: Option<u64>,
+    /// OpenAI chat and completions: `prompt_tokens_details.cached_tokens`,
+    /// the part of `prompt_tokens` read from the cache.
+    pub prompt_cached: Option<u64>,
+    /// The Responses API: `input_tokens_details.cached_tokens`, the part
+    /// of `input_tokens` read from the cache.
+    pub input_cached: Option<u64>,
 }
 
 /// The usage objects one document carries.
@@ -79,6 +89,11 @@ enum Key {
     CompletionTokens,
     InputTokens,
     OutputTokens,
+    CacheRead,
+    CacheCreation,
+    PromptDetails,
+    InputDetails,
+    CachedTokens,
     Other,
 }
 
@@ -92,6 +107,11 @@ impl Key {
             b"completion_tokens" => Key::CompletionTokens,
             b"input_tokens" => Key::InputTokens,
             b"output_tokens" => Key::OutputTokens,
+            b"cache_read_input_tokens" => Key::CacheRead,
+            b"cache_creation_input_tokens" => Key::CacheCreation,
+            b"prompt_tokens_details" => Key::PromptDetails,
+            b"input_tokens_details" => Key::InputDetails,
+            b"cached_tokens" => Key::CachedTokens,
             _ => Key::Other,
         }
     }
@@ -195,23 +215,58 @@ impl Reader<'_> {
         let mut f = Fields::default();
         let mut seen = 0u8;
         self.members(|r, key| {
-            let (bit, slot) = match key {
-                Key::PromptTokens => (1, &mut f.prompt_tokens),
-                Key::CompletionTokens => (2, &mut f.completion_tokens),
-                Key::InputTokens => (4, &mut f.input_tokens),
-                Key::OutputTokens => (8, &mut f.output_tokens),
+            let (bit, slot, nested) = match key {
+                Key::PromptTokens => (1, &mut f.prompt_tokens, false),
+                Key::CompletionTokens => (2, &mut f.completion_tokens, false),
+                Key::InputTokens => (4, &mut f.input_tokens, false),
+                Key::OutputTokens => (8, &mut f.output_tokens, false),
+                Key::CacheRead => (16, &mut f.cache_read_input_tokens, false),
+                Key::CacheCreation => (32, &mut f.cache_creation_input_tokens, false),
+                Key::PromptDetails => (64, &mut f.prompt_cached, true),
+                Key::InputDetails => (128, &mut f.input_cached, true),
                 _ => return r.skip_value(),
             };
             if seen & bit != 0 {
                 return None;
             }
             seen |= bit;
-            let start = r.i;
-            r.skip_value()?;
-            *slot = count(&r.b[start..r.i]);
+            *slot = if nested {
+                r.cached()?
+            } else {
+                r.count_value()?
+            };
             Some(())
         })?;
         Some(Some(f))
+    }
+
+    /// A count value: `Some(None)` when it is not a count.
+    fn count_value(&mut self) -> Option<Option<u64>> {
+        let start = self.i;
+        self.skip_value()?;
+        Some(count(&self.b[start..self.i]))
+    }
+
+    /// A `*_tokens_details` object's `cached_tokens`; `Some(None)` when
+    /// the value is not an object or has no count there.
+    fn cached(&mut self) -> Option<Option<u64>> {
+        if !self.eat(b'{') {
+            self.skip_value()?;
+            return Some(None);
+        }
+        let mut cached = None;
+        let mut seen = false;
+        self.members(|r, key| {
+            if key != Key::CachedTokens {
+                return r.skip_value();
+            }
+            if std::mem::replace(&mut seen, true) {
+                return None;
+            }
+            cached = r.count_value()?;
+            Some(())
+        })?;
+        Some(cached)
     }
 
     /// Moves past one value of any kind.
@@ -384,6 +439,19 @@ mod tests {
             input_tokens: Count,
             #[serde(default)]
             output_tokens: Count,
+            #[serde(default)]
+            cache_read_input_tokens: Count,
+            #[serde(default)]
+            cache_creation_input_tokens: Count,
+            #[serde(default)]
+            prompt_tokens_details: IfObject<Details>,
+            #[serde(default)]
+            input_tokens_details: IfObject<Details>,
+        }
+        #[derive(Deserialize)]
+        struct Details {
+            #[serde(default)]
+            cached_tokens: Count,
         }
         struct IfObject<T>(Option<T>);
         impl<T> Default for IfObject<T> {
@@ -464,6 +532,18 @@ mod tests {
                     completion_tokens: u.completion_tokens.0,
                     input_tokens: u.input_tokens.0,
                     output_tokens: u.output_tokens.0,
+                    cache_read_input_tokens: u.cache_read_input_tokens.0,
+                    cache_creation_input_tokens: u.cache_creation_input_tokens.0,
+                    prompt_cached: u
+                        .prompt_tokens_details
+                        .0
+                        .as_ref()
+                        .and_then(|d| d.cached_tokens.0),
+                    input_cached: u
+                        .input_tokens_details
+                        .0
+                        .as_ref()
+                        .and_then(|d| d.cached_tokens.0),
                 })
             };
             let nested = |w: &IfObject<Wrapper>| w.0.as_ref().and_then(|w| fields(&w.usage));
@@ -492,6 +572,24 @@ mod tests {
             .unwrap();
         assert_eq!(c.response.unwrap().output_tokens, Some(2));
         assert_eq!(c.usage, Some(Fields::default()));
+        // Cached and cache-write counts, flat (Anthropic) or in details (OpenAI).
+        let c = both(r#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"audio_tokens":0,"cached_tokens":4}}}"#).unwrap();
+        assert_eq!(c.usage.unwrap().prompt_cached, Some(4));
+        let c = both(r#"{"response":{"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":2}}}}"#).unwrap();
+        assert_eq!(c.response.unwrap().input_cached, Some(2));
+        let c = both(r#"{"usage":{"input_tokens":3,"cache_read_input_tokens":7,"cache_creation_input_tokens":5}}"#).unwrap();
+        let u = c.usage.unwrap();
+        assert_eq!(
+            (u.cache_read_input_tokens, u.cache_creation_input_tokens),
+            (Some(7), Some(5))
+        );
+        both(
+            r#"{"usage":{"prompt_tokens_details":null,"input_tokens_details":[{"cached_tokens":1}]}}"#,
+        );
+        assert_eq!(
+            both(r#"{"usage":{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":2}}}"#),
+            None
+        );
         // Escaped names are compared decoded.
         let c = both(r#"{"usag\u0065":{"prompt_tokens":5}}"#).unwrap();
         assert_eq!(c.usage.unwrap().prompt_tokens, Some(5));
@@ -579,6 +677,9 @@ mod tests {
             Just("completion_tokens".to_string()),
             Just("input_tokens".to_string()),
             Just("output_tokens".to_string()),
+            Just("cache_read_input_tokens".to_string()),
+            Just("prompt_tokens_details".to_string()),
+            Just("cached_tokens".to_string()),
             "[a-z_\"\\\\{}\\[\\],: é\u{1}]{0,8}",
         ];
         let leaf = prop_oneof![
@@ -610,9 +711,14 @@ mod tests {
             Just("input_tokens"),
             Just("output_tokens"),
             Just("total_tokens"),
+            Just("cache_read_input_tokens"),
+            Just("cache_creation_input_tokens"),
+            Just("prompt_tokens_details"),
+            Just("input_tokens_details"),
         ];
         let count = prop_oneof![
             4 => (0u64..100_000).prop_map(Value::from),
+            1 => (0u64..1000).prop_map(|n| json!({ "cached_tokens": n, "audio_tokens": 0 })),
             1 => value(),
         ];
         let fields = proptest::collection::vec((count_key, count), 0..5).prop_map(|kv| {

@@ -66,8 +66,8 @@ impl Feature for UsageMeter {
                 .with_label_values(&[adm.agent.as_ref()])
                 .inc();
             self.usage = Some(Usage {
-                input_tokens: 0,
                 output_tokens: produced,
+                ..Usage::default()
             });
             self.scanner = None;
             let deny = Deny::new(
