@@ -1,0 +1,56 @@
+//! What judging costs per body: for each body of issue #35's table (and a
+//! few more that probe the same costs), the CPU per byte and the peak
+//! memory of judging it as the gateway judges a chat completion's body
+//! (facts, blocked phrases, the loop guard's fingerprint when it carries a
+//! task id), in process, printed as ratios against the plain-ASCII body
+//! measured in the same run. Memory is what the body holds plus what
+//! judging allocates at its peak (counted by the global allocator).
+//!
+//! Run: cargo run --release -p loopgate-benches --bin judging [MiB] [runs]
+//! (default 8 MiB bodies, CPU the least of 5 runs; the CPU is this
+//! thread's, so other work on the machine counts little).
+
+use loopgate_benches::bodies::{self, Body};
+use loopgate_breaker::LoopConfig;
+use std::hint::black_box;
+
+#[global_allocator]
+static ALLOC: loopgate_benches::CountingAlloc = loopgate_benches::CountingAlloc;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mib: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(8.0);
+    let runs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
+    let size = (mib * 1024.0 * 1024.0) as usize - 4096;
+    let phrases = bodies::phrases();
+    let loops = LoopConfig::default();
+    let all: Vec<Body> = bodies::table(size)
+        .into_iter()
+        .chain(bodies::extra(size))
+        .collect();
+    println!(
+        "{:<28} {:>9} {:>9} {:>8} {:>9} {:>9} {:>9}",
+        "body", "bytes", "cpu ms", "ns/byte", "cpu/ascii", "peak MiB", "mem/body"
+    );
+    let mut ascii = None;
+    for (i, b) in all.iter().enumerate() {
+        if i == bodies::TABLE_LEN {
+            println!("-- beyond the table");
+        }
+        let m = loopgate_benches::bodies::measure(b, &phrases, &loops, runs);
+        let per_byte = m.cpu.as_nanos() as f64 / b.bytes.len() as f64;
+        let reference = *ascii.get_or_insert(per_byte);
+        println!(
+            "{:<28} {:>9} {:>9.1} {:>8.2} {:>8.1}x {:>9.1} {:>8.2}x {}",
+            b.name,
+            b.bytes.len(),
+            m.cpu.as_secs_f64() * 1e3,
+            per_byte,
+            per_byte / reference,
+            m.peak as f64 / (1 << 20) as f64,
+            m.peak as f64 / b.bytes.len() as f64,
+            m.outcome,
+        );
+        black_box(&m);
+    }
+}
