@@ -76,9 +76,8 @@
 
 use crate::decision::{Deny, DenyCode};
 use crate::endpoint::Endpoint;
-use crate::normalize::normalize_into;
 use crate::output::{LimitField, LimitFields};
-use crate::phrases::PhraseMatcher;
+use crate::phrases::{PhraseMatcher, PhraseSearch};
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use std::fmt;
 
@@ -220,7 +219,7 @@ pub fn inspect_body(
             }
         }
     };
-    walk.scan.search();
+    let blocked_phrase = walk.scan.finish();
     let model = match raw.model {
         None => {
             return Err(Deny::new(
@@ -362,7 +361,7 @@ pub fn inspect_body(
         max_tokens_field: endpoint.max_tokens_field().map(|f| null_field.unwrap_or(f)),
         n,
         text_bytes: walk.scan.bytes,
-        blocked_phrase: walk.scan.found,
+        blocked_phrase,
     })
 }
 
@@ -718,35 +717,24 @@ struct RawFacts {
 
 /// Accumulates text size and the first blocked phrase.
 ///
-/// Short strings are normalised, joined (NUL-separated; normalisation
-/// removes NUL and no phrase holds one, so no match can span two strings)
-/// and searched together: each search has a fixed cost (~400 instructions
-/// with 100 phrases, callgrind) that dominated for the short strings a
-/// conversation is made of. The first phrase in document order is still
-/// the one found.
+/// Every string is normalised and searched as it comes, all of a body's
+/// strings as one text ([`PhraseSearch`]: joined with NUL, which
+/// normalisation removes and no phrase holds, so no match can span two
+/// strings), through a window of bounded size: short strings share one
+/// search (each search has a fixed cost, ~400 instructions with 100
+/// phrases, callgrind, that dominated for the short strings a
+/// conversation is made of), and a long one is never copied whole. The
+/// first phrase in document order is the one found.
 struct TextScan<'m> {
-    matcher: Option<&'m PhraseMatcher>,
+    search: Option<PhraseSearch<'m>>,
     bytes: usize,
-    found: Option<usize>,
-    joined: String,
-    /// Reused for the normalised form of a long string.
-    scratch: String,
-    /// The body's length: an upper bound for its text.
-    hint: usize,
 }
-
-/// Text gathered before one search; a longer string is searched on its own.
-const JOIN_UP_TO: usize = 4096;
 
 impl TextScan<'_> {
     fn new(matcher: Option<&PhraseMatcher>, hint: usize) -> TextScan<'_> {
         TextScan {
-            matcher,
+            search: matcher.map(|m| PhraseSearch::new(m, hint)),
             bytes: 0,
-            found: None,
-            joined: String::new(),
-            scratch: String::new(),
-            hint,
         }
     }
 
@@ -758,42 +746,20 @@ impl TextScan<'_> {
 
     /// Searches `s` (normalised first) without counting it as text.
     fn scan(&mut self, s: &str) {
-        let Some(m) = self.matcher else { return };
-        if self.found.is_some() {
-            return;
+        if let Some(search) = &mut self.search {
+            search.push(s);
         }
-        if self.joined.len() + s.len() >= JOIN_UP_TO {
-            self.search();
-            if s.len() >= JOIN_UP_TO {
-                if self.found.is_none() {
-                    let mut one = std::mem::take(&mut self.scratch);
-                    one.clear();
-                    normalize_into(s, &mut one);
-                    self.found = m.find_normalized(&one);
-                    self.scratch = one;
-                }
-                return;
-            }
-        }
-        if self.joined.capacity() == 0 {
-            // One allocation for the whole body's short text, not one per
-            // doubling.
-            self.joined.reserve(self.hint.min(JOIN_UP_TO));
-        }
-        normalize_into(s, &mut self.joined);
-        self.joined.push('\0');
     }
 
-    /// Searches the joined text; called once more when the body ends.
-    fn search(&mut self) {
-        if let (None, Some(m)) = (self.found, self.matcher) {
-            if !self.joined.is_empty() {
-                self.found = m.find_normalized(&self.joined);
-            }
-        }
-        self.joined.clear();
+    /// The first phrase found in all the text; called when the body ends.
+    fn finish(&mut self) -> Option<usize> {
+        self.search.as_mut().and_then(|s| s.finish())
     }
 }
+
+/// How long a string the tests make to cross a search window.
+#[cfg(test)]
+const JOIN_UP_TO: usize = crate::phrases::WINDOW;
 
 /// Refuses every non-object body.
 macro_rules! not_object {

@@ -53,47 +53,22 @@
 //! Cost: pure-ASCII text, the usual case, takes a fast path with the same
 //! result: no NFKC, no skeleton, only ASCII lower case, control removal and
 //! whitespace collapse. Other text is mapped in one pass through a table
-//! built once ([`Prototypes`]: the fold and prototype of every character
-//! below U+20000, and whether NFKC leaves it alone), a lookup per
-//! character; only text holding a character NFKC may change (a combining
-//! mark, a compatibility form) goes through NFKC first. Every step writes
-//! into the caller's buffer, a bounded number of bytes per input character.
+//! built once ([`Prototypes`]: the fold and prototype of every character,
+//! whether NFKC leaves it alone, and what NFKC makes of a compatibility
+//! character on its own), one or two lookups per character; only the
+//! stretches around a character NFKC may join with the one before it (a
+//! combining mark, a Hangul vowel jamo) go through NFKC, from the boundary
+//! before to a boundary after ([`normalize_streaming`]). So the work per
+//! input byte is bounded by the largest expansion (U+FDFA: 18 characters),
+//! never by the string's length, and a caller that searches as text comes
+//! ([`crate::phrases::PhraseSearch`]) holds a window of it, not a copy.
 
 use std::sync::OnceLock;
 use unicode_normalization::{is_nfkc_quick, IsNormalized, UnicodeNormalization};
 
 /// Appends the normalised form of `s` to `out`.
 pub fn normalize_into(s: &str, out: &mut String) {
-    if s.is_ascii() {
-        ascii_into(s.as_bytes(), out);
-        return;
-    }
-    out.reserve(s.len());
-    let start = out.len();
-    let table = prototypes();
-    let mut w = Writer { out, space: false };
-    // One pass while every character is one NFKC leaves alone and nothing
-    // composes with (most text in any script); else again through NFKC.
-    for c in s.chars() {
-        if c.is_ascii() {
-            w.ascii(c);
-            continue;
-        }
-        match table.entry(c) {
-            Some(e) if e & UNSTABLE == 0 => w.entry(c, e),
-            _ => {
-                w.out.truncate(start);
-                w.space = false;
-                // NFKC can produce invisible characters (the halfwidth
-                // Hangul filler U+FFA0 becomes U+1160): the table has them
-                // write nothing.
-                for c in s.chars().filter(|c| !is_invisible(*c)).nfkc() {
-                    w.char(c);
-                }
-                return;
-            }
-        }
-    }
+    normalize_streaming(s, out, usize::MAX, &mut |_| {});
 }
 
 /// The normalised form of `s`.
@@ -101,6 +76,107 @@ pub fn normalize(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     normalize_into(s, &mut out);
     out
+}
+
+/// Input bytes written between two chances to drain.
+pub(crate) const PIECE: usize = 4096;
+
+/// Appends the normalised form of `s` to `out` as [`normalize_into`] does,
+/// a piece at a time: whenever `out` holds `window` bytes or more at a
+/// point where what it holds is final, `drain(out)` is called, which may
+/// remove any part of `out` from its start (a search keeps only the tail a
+/// match may still start in). So a long string is normalised through a
+/// buffer of about `window` bytes plus one piece's output, however much
+/// NFKC and the prototypes expand it.
+///
+/// Text is final before each character NFKC cannot join with what comes
+/// before it (a boundary: ASCII, most letters of any script, and the
+/// compatibility characters whose decomposition starts with such a
+/// letter, such as U+FDFA and the fullwidth forms): from one boundary to
+/// the next the text is normalised on its own. A character that may join
+/// with the one before it (a combining mark, a Hangul vowel jamo) sends
+/// the text back to the last boundary, and from there to a boundary
+/// followed by another through NFKC, in [Stream-Safe Text
+/// Format](https://unicode.org/reports/tr15/#Stream_Safe_Text_Format)
+/// (after 30 non-starters in a row a combining grapheme joiner, which
+/// normalisation removes, stops canonical reordering), so that NFKC's own
+/// buffers stay bounded too. Every other character costs one or two table
+/// lookups.
+pub fn normalize_streaming(
+    s: &str,
+    out: &mut String,
+    window: usize,
+    drain: &mut dyn FnMut(&mut String),
+) {
+    let mut w = Writer { out, space: false };
+    let b = s.as_bytes();
+    if s.is_ascii() {
+        for piece in b.chunks(PIECE) {
+            if w.out.len() >= window {
+                drain(w.out);
+            }
+            ascii_into(piece, &mut w);
+        }
+        return;
+    }
+    w.out.reserve(s.len().min(window));
+    let table = prototypes();
+    // The last boundary: where a character that joins with what precedes
+    // it sends normalisation back to.
+    let mut mark = Mark {
+        input: 0,
+        output: w.out.len(),
+        space: false,
+    };
+    let mut i = 0;
+    while i < b.len() {
+        if b[i].is_ascii() {
+            let end = b[i..]
+                .iter()
+                .position(|c| !c.is_ascii())
+                .map_or(b.len(), |n| i + n);
+            w.ascii_run(b, i, end, &mut mark, window, drain);
+            i = end;
+            continue;
+        }
+        let Some(c) = s[i..].chars().next() else {
+            break;
+        };
+        let e = table.entry(c).unwrap_or(0);
+        if e == NOTHING {
+            // Invisible: removed before NFKC, so no boundary either.
+        } else if e & UNSTABLE == 0 || e & ALONE != 0 {
+            if w.out.len() >= window {
+                drain(w.out);
+            }
+            mark = Mark {
+                input: i,
+                output: w.out.len(),
+                space: w.space,
+            };
+            if e & UNSTABLE == 0 {
+                w.entry(c, e);
+            } else {
+                w.alone(table.alone(c));
+            }
+        } else {
+            let end = table.region_end(s, i);
+            w.out.truncate(mark.output);
+            w.space = mark.space;
+            w.region(&s[mark.input..end], window, drain);
+            i = end;
+            continue;
+        }
+        i += c.len_utf8();
+    }
+}
+
+/// Where normalisation may start again: a boundary's input offset, the
+/// output length before it was written, and whether a space had just been.
+struct Mark {
+    input: usize,
+    output: usize,
+    space: bool,
 }
 
 /// Writes characters after NFKC: case folding, prototypes, whitespace.
@@ -111,6 +187,79 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
+    /// Writes the ASCII bytes `b[start..end]`, draining before a piece
+    /// that starts with a visible character, and moves `mark` to the last
+    /// visible one (every ASCII character but a control is a boundary).
+    fn ascii_run(
+        &mut self,
+        b: &[u8],
+        start: usize,
+        end: usize,
+        mark: &mut Mark,
+        window: usize,
+        drain: &mut dyn FnMut(&mut String),
+    ) {
+        let visible = |c: &u8| !matches!(c, 0..=0x08 | 0x0e..=0x1f | 0x7f);
+        let mut at = start;
+        while at < end {
+            let piece = &b[at..end.min(at + PIECE)];
+            if let (Some(first), Some(last)) = (
+                piece.iter().position(visible),
+                piece.iter().rposition(visible),
+            ) {
+                if self.out.len() >= window {
+                    drain(self.out);
+                }
+                ascii_into(&piece[first..last], self);
+                *mark = Mark {
+                    input: at + last,
+                    output: self.out.len(),
+                    space: self.space,
+                };
+                ascii_into(&piece[last..], self);
+            }
+            at += piece.len();
+        }
+    }
+
+    /// Normalises `text`, from a boundary to a boundary, through NFKC.
+    fn region(&mut self, text: &str, window: usize, drain: &mut dyn FnMut(&mut String)) {
+        for c in text
+            .chars()
+            .filter(|c| !is_invisible(*c))
+            .stream_safe()
+            .nfkc()
+        {
+            self.char(c);
+            if self.out.len() >= window {
+                drain(self.out);
+            }
+        }
+    }
+
+    /// Writes what [`Prototypes::alone`] stores for a character.
+    fn alone(&mut self, e: u32) {
+        let table = prototypes();
+        let (offset, len) = ((e >> 8 & 0x7F_FFFF) as usize, (e & 0xFF) as usize);
+        if let Some(t) = table.alone_text.get(offset..offset + len) {
+            if !t.is_empty() {
+                self.fresh(|w| w.out.push_str(t));
+            }
+        }
+    }
+
+    /// [`Writer::char`] without the table (what building it stores).
+    fn char_live(&mut self, c: char) {
+        if c.is_ascii() {
+            self.ascii(c);
+        } else if is_invisible(c) {
+        } else if c.is_whitespace() {
+            self.ascii(' ');
+        } else {
+            self.fresh(|w| w.fold(c, 1));
+        }
+    }
+
     /// One character after NFKC.
     fn char(&mut self, c: char) {
         if c.is_ascii() {
@@ -138,12 +287,12 @@ impl Writer<'_> {
             },
             TEXT => {
                 let table = prototypes();
-                let (offset, len) = ((e >> 7 & 0xFF_FFFF) as usize, (e >> 2 & 31) as usize);
+                let (offset, len) = ((e >> 7 & 0x7F_FFFF) as usize, (e >> 2 & 31) as usize);
                 if let Some(t) = table.text.get(offset..offset + len) {
                     self.fresh(|w| w.out.push_str(t));
                 }
             }
-            _ => match e & !UNSTABLE {
+            _ => match e & !(UNSTABLE | ALONE) {
                 ITSELF => {
                     self.out.push(c);
                     self.space = false;
@@ -263,16 +412,22 @@ fn capital_look(c: char) -> Option<char> {
     })
 }
 
-/// Characters below this are looked up in [`Prototypes`]; the rest (CJK
-/// extensions, private use) are mapped as they come.
-const TABLE_END: u32 = 0x2_0000;
+/// Every character is looked up in [`Prototypes`].
+const TABLE_END: u32 = 0x11_0000;
 const ROW: usize = 128;
 
-/// What normalisation writes for each non-ASCII character below
-/// [`TABLE_END`] once NFKC has been applied, and whether NFKC leaves the
-/// character alone, computed once per process (~20 ms of one core in a
-/// release build; ~370 KiB, most of it Hangul syllables, whose skeletons
-/// are their jamo): through the crate's iterators the skeleton of one
+/// The code points whose entries are computed; every other one (planes 4
+/// to 13, unassigned; planes 14 past its tags and variation selectors,
+/// 15 and 16, private use) is stable and written as itself, which the
+/// tests check against the mapping.
+const COMPUTED: [std::ops::Range<u32>; 2] = [0..0x4_0000, 0xE_0000..0xE_1000];
+
+/// What normalisation writes for each non-ASCII character once NFKC has
+/// been applied, whether NFKC leaves the character alone, and what it
+/// writes for a compatibility character NFKC changes on its own, computed
+/// once per process (~40 ms of one core in a release build; ~400 KiB, most
+/// of it Hangul syllables, whose skeletons are their jamo, and CJK
+/// ideographs): through the crate's iterators the skeleton of one
 /// character costs ~1,000 instructions (NFD, two binary searches, NFD
 /// again) and a capital's look as much again, a lookup here a few dozen,
 /// and the NFKC quick check another ~350.
@@ -282,15 +437,26 @@ struct Prototypes {
     blocks: Vec<u16>,
     /// Entries: [`UNSTABLE`] for a character that NFKC may change or that
     /// may compose with the one before it (NFKC quick check not Yes, or a
-    /// combining class), and a [`TAG`]: [`ONE`] (one character, in bits
-    /// 2..23), [`TEXT`] (length in bits 2..6, offset in `text` in bits
-    /// 7..30) or a code ([`ITSELF`], [`SPACE`], [`NOTHING`], [`LIVE`]:
-    /// longer than a [`TEXT`] holds, mapped as it comes).
+    /// combining class), [`ALONE`] for one of those that is nonetheless a
+    /// boundary (see [`Prototypes::alone`]), and a [`TAG`]: [`ONE`] (one
+    /// character, in bits 2..23), [`TEXT`] (length in bits 2..6, offset in
+    /// `text` in bits 7..29) or a code ([`ITSELF`], [`SPACE`], [`NOTHING`],
+    /// [`LIVE`]: longer than a [`TEXT`] holds, mapped as it comes). An
+    /// invisible character's entry is [`NOTHING`] alone.
     rows: Vec<[u32; ROW]>,
     text: String,
+    /// Like `blocks` and `rows`, for [`ALONE`] characters: the length (bits
+    /// 0..7) and offset in `alone_text` (bits 8..30) of what NFKC and the
+    /// mapping make of the character on its own.
+    alone_blocks: Vec<u16>,
+    alone_rows: Vec<[u32; ROW]>,
+    alone_text: String,
 }
 
 const UNSTABLE: u32 = 1 << 31;
+/// Unstable, but with a boundary before it: NFKC never joins it with
+/// what precedes, and written alone it is what `alone_text` holds.
+const ALONE: u32 = 1 << 30;
 const TAG: u32 = 3;
 const ONE: u32 = 1;
 const TEXT: u32 = 2;
@@ -311,60 +477,124 @@ pub fn prepare() {
     prototypes();
 }
 
+/// NFKC never joins `c` with what precedes it: its decomposition starts
+/// with a starter that composes with nothing before it.
+fn boundary_before(c: char) -> bool {
+    let mut first = None;
+    unicode_normalization::char::decompose_compatible(c, |d| {
+        first.get_or_insert(d);
+    });
+    let first = first.unwrap_or(c);
+    unicode_normalization::char::canonical_combining_class(first) == 0
+        && is_nfkc_quick(std::iter::once(first)) == IsNormalized::Yes
+}
+
+/// How a character takes part in finding boundaries.
+#[derive(PartialEq, Eq)]
+enum Kind {
+    /// Removed before NFKC.
+    Invisible,
+    /// NFKC never joins it with what precedes.
+    Boundary,
+    /// It may join with what precedes.
+    Joins,
+}
+
 impl Prototypes {
     fn build() -> Prototypes {
         let mut table = Prototypes {
             blocks: Vec::with_capacity(TABLE_END as usize / ROW),
             rows: vec![[0; ROW]],
             text: String::new(),
+            alone_blocks: Vec::with_capacity(TABLE_END as usize / ROW),
+            alone_rows: vec![[0; ROW]],
+            alone_text: String::new(),
         };
         let mut form = String::new();
         for block in 0..TABLE_END / ROW as u32 {
             let mut row = [0u32; ROW];
-            for (i, entry) in row.iter_mut().enumerate() {
-                let Some(c) = char::from_u32(block * ROW as u32 + i as u32) else {
-                    continue;
-                };
-                if c.is_ascii() {
-                    continue;
+            let mut alone = [0u32; ROW];
+            let first = block * ROW as u32;
+            if COMPUTED.iter().any(|r| r.contains(&first)) {
+                for (i, entry) in row.iter_mut().enumerate() {
+                    let Some(c) = char::from_u32(first + i as u32) else {
+                        continue;
+                    };
+                    if !c.is_ascii() {
+                        (*entry, alone[i]) = table.entries(c, &mut form);
+                    }
                 }
-                let stable = is_nfkc_quick(std::iter::once(c)) == IsNormalized::Yes
-                    && unicode_normalization::char::canonical_combining_class(c) == 0;
-                let code = if is_invisible(c) {
-                    NOTHING
-                } else if c.is_whitespace() {
-                    SPACE
-                } else {
-                    form.clear();
-                    Writer {
-                        out: &mut form,
-                        space: false,
-                    }
-                    .fold(c, 1);
-                    let (offset, len) = (table.text.len(), form.len());
-                    let mut chars = form.chars();
-                    match (chars.next(), chars.next()) {
-                        (None, _) => NOTHING,
-                        (Some(f), None) if f == c => ITSELF,
-                        (Some(f), None) => (f as u32) << 2 | ONE,
-                        _ if len < 32 && offset < 1 << 24 => {
-                            table.text.push_str(&form);
-                            (offset as u32) << 7 | (len as u32) << 2 | TEXT
-                        }
-                        _ => LIVE,
-                    }
-                };
-                *entry = code | if stable { 0 } else { UNSTABLE };
             }
-            let index = if row.iter().all(|e| *e == 0) {
-                0
-            } else {
-                table.rows.push(row);
-                table.rows.len() - 1
-            };
-            table.blocks.push(index as u16);
+            for (rows, blocks, row) in [
+                (&mut table.rows, &mut table.blocks, row),
+                (&mut table.alone_rows, &mut table.alone_blocks, alone),
+            ] {
+                let index = if row.iter().all(|e| *e == 0) {
+                    0
+                } else {
+                    rows.push(row);
+                    rows.len() - 1
+                };
+                blocks.push(index as u16);
+            }
         }
         table
+    }
+
+    /// The entry of non-ASCII `c` and, if it is [`ALONE`], its alone entry.
+    fn entries(&mut self, c: char, form: &mut String) -> (u32, u32) {
+        if is_invisible(c) {
+            return (NOTHING, 0);
+        }
+        let stable = is_nfkc_quick(std::iter::once(c)) == IsNormalized::Yes
+            && unicode_normalization::char::canonical_combining_class(c) == 0;
+        let boundary = boundary_before(c);
+        let code = if c.is_whitespace() {
+            SPACE
+        } else {
+            form.clear();
+            Writer {
+                out: &mut *form,
+                space: false,
+            }
+            .fold(c, 1);
+            let (offset, len) = (self.text.len(), form.len());
+            let mut chars = form.chars();
+            match (chars.next(), chars.next()) {
+                (None, _) => NOTHING,
+                (Some(f), None) if f == c => ITSELF,
+                (Some(f), None) => (f as u32) << 2 | ONE,
+                _ if len < 32 && offset < 1 << 23 => {
+                    self.text.push_str(form);
+                    (offset as u32) << 7 | (len as u32) << 2 | TEXT
+                }
+                _ => LIVE,
+            }
+        };
+        if stable && boundary {
+            return (code, 0);
+        }
+        if !boundary {
+            return (code | UNSTABLE, 0);
+        }
+        form.clear();
+        let mut w = Writer {
+            out: &mut *form,
+            space: false,
+        };
+        for d in std::iter::once(c).nfkc() {
+            w.char_live(d);
+        }
+        let (offset, len) = (self.alone_text.len(), form.len());
+        if len > 0xFF || offset >= 1 << 23 {
+            // Too long to store: normalised through NFKC as it comes.
+            return (code | UNSTABLE, 0);
+        }
+        self.alone_text.push_str(form);
+        (
+            code | UNSTABLE | ALONE,
+            1 << 31 | (offset as u32) << 8 | len as u32,
+        )
     }
 
     /// The entry for `c`; `None` beyond the table.
@@ -372,6 +602,50 @@ impl Prototypes {
         let c = c as usize;
         let row = *self.blocks.get(c / ROW)?;
         Some(self.rows[row as usize][c % ROW])
+    }
+
+    /// The alone entry of an [`ALONE`] character: NFKC changes it, but
+    /// never joins it with what precedes, so between two boundaries it is
+    /// normalised as it would be on its own (U+FDFA, fullwidth forms,
+    /// ligatures, compatibility ideographs).
+    fn alone(&self, c: char) -> u32 {
+        let c = c as usize;
+        let row = self.alone_blocks.get(c / ROW).copied().unwrap_or(0);
+        self.alone_rows[row as usize][c % ROW]
+    }
+
+    fn kind(&self, c: char) -> Kind {
+        if c.is_ascii() {
+            return match c as u8 {
+                0..=0x08 | 0x0e..=0x1f | 0x7f => Kind::Invisible,
+                _ => Kind::Boundary,
+            };
+        }
+        match self.entry(c).unwrap_or(0) {
+            NOTHING => Kind::Invisible,
+            e if e & UNSTABLE == 0 || e & ALONE != 0 => Kind::Boundary,
+            _ => Kind::Joins,
+        }
+    }
+
+    /// Where the stretch NFKC must see whole ends, for a character at
+    /// `from` that joins with what precedes: at a boundary followed by
+    /// another boundary (so that text with marks here and there goes
+    /// through NFKC in a few long stretches, not one per mark), or at the
+    /// end of `s`.
+    fn region_end(&self, s: &str, from: usize) -> usize {
+        let mut boundary = None;
+        for (k, c) in s[from..].char_indices().skip(1) {
+            match self.kind(c) {
+                Kind::Invisible => {}
+                Kind::Boundary => match boundary {
+                    Some(at) => return at,
+                    None => boundary = Some(from + k),
+                },
+                Kind::Joins => boundary = None,
+            }
+        }
+        s.len()
     }
 }
 
@@ -381,9 +655,10 @@ fn folds(c: char) -> bool {
     matches!(c, 'ß' | 'ẞ' | 'ς') || lower.len() != 1 || lower.next() != Some(c)
 }
 
-fn ascii_into(b: &[u8], out: &mut String) {
+fn ascii_into(b: &[u8], w: &mut Writer) {
+    let out = &mut *w.out;
     out.reserve(b.len());
-    let mut space = false;
+    let mut space = w.space;
     for &c in b {
         match c {
             b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c => {
@@ -399,6 +674,7 @@ fn ascii_into(b: &[u8], out: &mut String) {
             }
         }
     }
+    w.space = space;
 }
 
 /// Characters removed before matching: they render as nothing (or are
@@ -557,6 +833,41 @@ mod tests {
         assert_eq!(normalize("\u{20000}\u{1D400}"), "\u{20000}a");
     }
 
+    #[test]
+    fn long_texts_stream_through_a_bounded_buffer() {
+        // U+FDFA expands to 18 characters; a long run of combining marks
+        // is one stretch for NFKC. Neither may grow the buffer past the
+        // window and one piece's output.
+        let marks: String = std::iter::once('a')
+            .chain(std::iter::repeat_n('\u{301}', 100_000))
+            .collect();
+        for s in [
+            "\u{FDFA}".repeat(100_000),
+            marks,
+            "a\u{301}".repeat(50_000),
+            "\u{1100}\u{1161}\u{11A8}".repeat(30_000),
+        ] {
+            let (mut most, mut total) = (0, 0);
+            let mut out = String::new();
+            normalize_streaming(&s, &mut out, 1024, &mut |buf| {
+                most = most.max(buf.len());
+                total += buf.len();
+                buf.clear();
+            });
+            total += out.len();
+            assert_eq!(total, normalize(&s).len());
+            assert!(most < 1024 + 18 * 4 * PIECE, "{most}");
+            assert!(out.capacity() < 2 * (1024 + 18 * 4 * PIECE));
+        }
+        // Past 30 non-starters in a row, canonical reordering stops (as
+        // in Stream-Safe Text Format); up to there it is NFKC's.
+        let zalgo: String = std::iter::once('e')
+            .chain(std::iter::repeat_n('\u{316}', 40))
+            .chain(std::iter::once('\u{301}'))
+            .collect();
+        assert!(normalize(&zalgo).ends_with('\u{301}'));
+    }
+
     proptest::proptest! {
         /// The ASCII fast path agrees with the general path.
         #[test]
@@ -583,6 +894,37 @@ mod tests {
                 w.char(c);
             }
             proptest::prop_assert_eq!(normalize(&s), slow);
+        }
+
+        /// Text that joins across boundaries (combining marks after
+        /// letters, after compatibility characters and after invisible
+        /// characters; Hangul jamo that compose into syllables) is
+        /// normalised as NFKC over the whole string would.
+        #[test]
+        fn boundaries_agree_with_nfkc(s in "[a-zA-Z \t\x00-\x08\u{300}-\u{36f}\u{1100}-\u{1175}\u{11a8}-\u{11c2}\u{ac00}-\u{ac1f}\u{fdfa}\u{ff21}-\u{ff5a}\u{200b}\u{ad}\u{ffa0}\u{e9}\u{3b1}-\u{3c9}\u{f900}-\u{f910}\u{2f800}-\u{2f810}\u{1d400}-\u{1d420}]{0,40}") {
+            let mut slow = String::new();
+            let mut w = Writer { out: &mut slow, space: false };
+            for c in s.chars().filter(|c| !is_invisible(*c)).nfkc() {
+                w.char(c);
+            }
+            proptest::prop_assert_eq!(normalize(&s), slow);
+        }
+
+        /// Normalising through a small window, drained at every chance,
+        /// writes what normalising at once does.
+        #[test]
+        fn streaming_writes_what_normalising_at_once_does(
+            s in "[a-z \t\x01\u{300}-\u{30f}\u{1100}-\u{1102}\u{1161}-\u{1163}\u{ac00}\u{fdfa}\u{ff41}-\u{ff45}\u{200b}\u{3b1}\u{410}]{0,60}",
+            window in 1usize..16,
+        ) {
+            let mut drained = String::new();
+            let mut out = String::new();
+            normalize_streaming(&s, &mut out, window, &mut |buf| {
+                drained.push_str(buf);
+                buf.clear();
+            });
+            drained.push_str(&out);
+            proptest::prop_assert_eq!(drained, normalize(&s));
         }
 
         /// Canonically equivalent spellings (composed, decomposed) normalise
