@@ -4,8 +4,8 @@
 //! (`inspect_body` with blocked phrases, and the loop guard's fingerprint
 //! when the call carries a task id).
 
-use loopgate_breaker::{fingerprint, Fingerprint, LoopConfig};
-use loopgate_policy::{inspect_body, BodyFacts, Deny, Endpoint, PhraseMatcher};
+use loopgate_breaker::{Fingerprint, Fingerprinter, LoopConfig};
+use loopgate_policy::{inspect_body_with, BodyFacts, Deny, Endpoint, PhraseMatcher, TokenSink};
 
 /// One body of the table.
 pub struct Body {
@@ -82,6 +82,7 @@ pub fn table(size: usize) -> Vec<Body> {
             false,
         ),
         body("60-deep chains, task id", chains(size, 60), true),
+        body("60-deep chains", chains(size, 60), false),
     ]
 }
 
@@ -108,6 +109,7 @@ pub fn extra(size: usize) -> Vec<Body> {
             chat(size, "a\u{301}", false, ""),
             true,
         ),
+        body("a + U+0301", chat(size, "a\u{301}", false, ""), false),
         body(
             "Korean, task id",
             chat(size, "한국어 텍스트 ", false, ""),
@@ -138,21 +140,22 @@ pub struct Judged {
 }
 
 /// Judges `body` as the gateway judges a chat completion's: facts and
-/// blocked phrases, then, for a call with a task id, the loop guard's
-/// fingerprint.
+/// blocked phrases, and, for a call with a task id, the loop guard's
+/// fingerprint from the same pass.
 pub fn judge(body: &[u8], phrases: &PhraseMatcher, loops: Option<&LoopConfig>) -> Judged {
-    let facts = inspect_body(Endpoint::ChatCompletions, body, Some(phrases));
-    let fingerprint = match (&facts, loops) {
-        (Ok(_), Some(cfg)) => serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .map(|v| fingerprint("/v1/chat/completions", &v, cfg)),
-        _ => None,
+    let endpoint = Endpoint::ChatCompletions;
+    let mut fp = loops.map(|cfg| Fingerprinter::new(endpoint.path(), cfg));
+    let sink = fp.as_mut().map(|f| f as &mut dyn TokenSink);
+    let facts = inspect_body_with(endpoint, body, Some(phrases), sink);
+    let fingerprint = match facts {
+        Ok(_) => fp.map(Fingerprinter::finish),
+        Err(_) => None,
     };
     Judged { facts, fingerprint }
 }
 
 /// How many of [`table`]'s bodies there are.
-pub const TABLE_LEN: usize = 7;
+pub const TABLE_LEN: usize = 8;
 
 /// What judging one body cost.
 #[derive(Debug)]

@@ -18,6 +18,7 @@ pub use circuit::{
 };
 pub use health::Health;
 pub use loops::{
-    fingerprint, FailureStreaks, Fingerprint, LoopConfig, LoopGuard, LoopVerdict, TaskState, Trip,
+    fingerprint, FailureStreaks, Fingerprint, Fingerprinter, LoopConfig, LoopGuard, LoopVerdict,
+    TaskState, Trip, MAX_LAST_TURNS,
 };
 pub use set::BreakerSet;

@@ -78,6 +78,7 @@ use crate::decision::{Deny, DenyCode};
 use crate::endpoint::Endpoint;
 use crate::output::{LimitField, LimitFields};
 use crate::phrases::{PhraseMatcher, PhraseSearch};
+use crate::tokens::{Token, TokenSink};
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use std::fmt;
 
@@ -199,9 +200,22 @@ pub fn inspect_body(
     body: &[u8],
     phrases: Option<&PhraseMatcher>,
 ) -> Result<BodyFacts, Deny> {
+    inspect_body_with(endpoint, body, phrases, None)
+}
+
+/// [`inspect_body`], handing every token of the body, in order, to `sink`
+/// as the one pass reads it (for the loop guard's fingerprint). What
+/// `sink` has seen of a refused body is partial.
+pub fn inspect_body_with<'a>(
+    endpoint: Endpoint,
+    body: &[u8],
+    phrases: Option<&'a PhraseMatcher>,
+    sink: Option<&'a mut dyn TokenSink>,
+) -> Result<BodyFacts, Deny> {
     let mut walk = Walk {
         scan: TextScan::new(phrases, body.len()),
         fail: None,
+        sink,
     };
     let raw = {
         let mut de = serde_json::Deserializer::from_slice(body);
@@ -674,9 +688,17 @@ fn choice_map(at: &str, f: &Fields, declared: &[Declared], top: bool) -> Result<
 struct Walk<'m> {
     scan: TextScan<'m>,
     fail: Option<Deny>,
+    /// Takes every token as the walk reads it.
+    sink: Option<&'m mut dyn TokenSink>,
 }
 
 impl Walk<'_> {
+    fn token(&mut self, t: Token<'_>) {
+        if let Some(sink) = self.sink.as_deref_mut() {
+            sink.token(t);
+        }
+    }
+
     fn refuse<E: de::Error>(&mut self, code: DenyCode, msg: String) -> E {
         self.fail = Some(Deny::new(code, msg));
         E::custom("refused")
@@ -794,7 +816,8 @@ impl<'de> Visitor<'de> for FactsVisitor<'_, '_> {
         };
         // The top-level object is level 1; its values start at level 2.
         let depth = 2;
-        while let Some(key) = map.next_key::<KeyName>()? {
+        walk.token(Token::ObjectStart);
+        while let Some(key) = map.next_key_seed(TopKey(&mut *walk))? {
             let slot = match key {
                 KeyName::Model => {
                     if facts.model.is_some() {
@@ -866,6 +889,7 @@ impl<'de> Visitor<'de> for FactsVisitor<'_, '_> {
             }
             *slot = Some(map.next_value_seed(Val::new(walk, depth, Strs::Scan))?);
         }
+        walk.token(Token::ObjectEnd);
         Ok(facts)
     }
 
@@ -988,19 +1012,24 @@ impl KeyName {
     }
 }
 
-impl<'de> de::Deserialize<'de> for KeyName {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = KeyName;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<KeyName, E> {
-                Ok(KeyName::of(s))
-            }
-        }
-        d.deserialize_str(V)
+/// A top-level key: handed to the sink, told apart.
+struct TopKey<'a, 'm>(&'a mut Walk<'m>);
+
+impl<'de> DeserializeSeed<'de> for TopKey<'_, '_> {
+    type Value = KeyName;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<KeyName, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for TopKey<'_, '_> {
+    type Value = KeyName;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<KeyName, E> {
+        self.0.token(Token::Key(s));
+        Ok(KeyName::of(s))
     }
 }
 
@@ -1068,6 +1097,7 @@ impl<'de> Visitor<'de> for Val<'_, '_> {
         f.write_str("any JSON value")
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Kind, E> {
+        self.walk.token(Token::Str(s));
         if self.strs != Strs::Keep {
             self.walk.scan.text(s);
         }
@@ -1077,22 +1107,28 @@ impl<'de> Visitor<'de> for Val<'_, '_> {
         }))
     }
     fn visit_bool<E: de::Error>(self, b: bool) -> Result<Kind, E> {
+        self.walk.token(Token::Bool(b));
         Ok(Kind::Bool(b))
     }
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<Kind, E> {
+        self.walk.token(Token::I64(n));
         Ok(Kind::Number(u64::try_from(n).ok()))
     }
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Kind, E> {
+        self.walk.token(Token::U64(n));
         Ok(Kind::Number(Some(n)))
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Kind, E> {
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<Kind, E> {
+        self.walk.token(Token::F64(n));
         Ok(Kind::Number(None))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Kind, E> {
+        self.walk.token(Token::Null);
         Ok(Kind::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Kind, A::Error> {
         self.walk.enter(self.depth)?;
+        self.walk.token(Token::ArrayStart);
         let mut n = 0;
         while seq
             .next_element_seed(Val::new(self.walk, self.depth + 1, Strs::Scan))?
@@ -1100,13 +1136,16 @@ impl<'de> Visitor<'de> for Val<'_, '_> {
         {
             n += 1;
         }
+        self.walk.token(Token::ArrayEnd);
         Ok(Kind::Array(n))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Kind, A::Error> {
         self.walk.enter(self.depth)?;
+        self.walk.token(Token::ObjectStart);
         while map.next_key_seed(ScanKey(self.walk))?.is_some() {
             map.next_value_seed(Val::new(self.walk, self.depth + 1, Strs::Scan))?;
         }
+        self.walk.token(Token::ObjectEnd);
         Ok(Kind::Object)
     }
 }
@@ -1127,6 +1166,7 @@ impl Visitor<'_> for ScanKey<'_, '_> {
         f.write_str("a key")
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
+        self.0.token(Token::Key(s));
         self.0.scan.scan(s);
         Ok(())
     }
@@ -1208,22 +1248,28 @@ impl<'de> Visitor<'de> for ObjSeed<'_, '_> {
         f.write_str("a tool object")
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Obj, E> {
+        self.walk.token(Token::Str(s));
         self.walk.scan.text(s);
         Ok(Obj::Str(s.to_string()))
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Obj, E> {
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Obj, E> {
+        self.walk.token(Token::Bool(b));
         Ok(Obj::Other("a boolean"))
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Obj, E> {
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Obj, E> {
+        self.walk.token(Token::I64(n));
         Ok(Obj::Other("a number"))
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Obj, E> {
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Obj, E> {
+        self.walk.token(Token::U64(n));
         Ok(Obj::Other("a number"))
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Obj, E> {
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<Obj, E> {
+        self.walk.token(Token::F64(n));
         Ok(Obj::Other("a number"))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Obj, E> {
+        self.walk.token(Token::Null);
         Ok(Obj::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Obj, A::Error> {
@@ -1236,7 +1282,9 @@ impl<'de> Visitor<'de> for ObjSeed<'_, '_> {
         let depth = self.depth + 1;
         let mut f = Fields::default();
         let tool = matches!(self.ctx, Ctx::Tool | Ctx::Choice);
+        walk.token(Token::ObjectStart);
         while let Some(key) = map.next_key::<String>()? {
+            walk.token(Token::Key(&key));
             walk.scan.scan(&key);
             let kind_slot = match key.as_str() {
                 "type" if tool => Some(&mut f.ty),
@@ -1296,6 +1344,7 @@ impl<'de> Visitor<'de> for ObjSeed<'_, '_> {
             }
             map.next_value_seed(Val::new(walk, depth, Strs::Scan))?;
         }
+        walk.token(Token::ObjectEnd);
         Ok(Obj::Map(f))
     }
 }
@@ -1321,22 +1370,28 @@ impl<'de> Visitor<'de> for ListSeed<'_, '_> {
         f.write_str("an array of tools")
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<List, E> {
+        self.walk.token(Token::Str(s));
         self.walk.scan.text(s);
         Ok(List::Other("a string"))
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<List, E> {
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<List, E> {
+        self.walk.token(Token::Bool(b));
         Ok(List::Other("a boolean"))
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<List, E> {
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<List, E> {
+        self.walk.token(Token::I64(n));
         Ok(List::Other("a number"))
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<List, E> {
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<List, E> {
+        self.walk.token(Token::U64(n));
         Ok(List::Other("a number"))
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<List, E> {
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<List, E> {
+        self.walk.token(Token::F64(n));
         Ok(List::Other("a number"))
     }
     fn visit_unit<E: de::Error>(self) -> Result<List, E> {
+        self.walk.token(Token::Null);
         Ok(List::Null)
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<List, A::Error> {
@@ -1345,6 +1400,7 @@ impl<'de> Visitor<'de> for ListSeed<'_, '_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<List, A::Error> {
         self.walk.enter(self.depth)?;
+        self.walk.token(Token::ArrayStart);
         let mut items = Vec::new();
         while let Some(item) = seq.next_element_seed(ObjSeed {
             walk: &mut *self.walk,
@@ -1353,6 +1409,7 @@ impl<'de> Visitor<'de> for ListSeed<'_, '_> {
         })? {
             items.push(item);
         }
+        self.walk.token(Token::ArrayEnd);
         Ok(List::Items(items))
     }
 }
@@ -2094,6 +2151,33 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A sink sees every token of an admitted body, in order, as a
+        /// plain read of it gives them; with a sink or without, the facts
+        /// are the same.
+        #[test]
+        fn the_sink_sees_the_tokens_of_the_body(v in arb_json()) {
+            #[derive(Default)]
+            struct Collect(Vec<String>);
+            impl TokenSink for Collect {
+                fn token(&mut self, t: Token<'_>) {
+                    self.0.push(format!("{t:?}"));
+                }
+            }
+            let serde_json::Value::Object(mut o) = v else { return Ok(()) };
+            o.insert("model".into(), "m".into());
+            let bytes = serde_json::to_vec(&o).unwrap();
+            for e in Endpoint::ALL {
+                let mut seen = Collect::default();
+                let with = inspect_body_with(e, &bytes, None, Some(&mut seen));
+                proptest::prop_assert_eq!(&with, &inspect_body(e, &bytes, None));
+                if with.is_ok() {
+                    let mut read = Collect::default();
+                    crate::tokens::read(&bytes, &mut read).unwrap();
+                    proptest::prop_assert_eq!(&seen.0, &read.0);
+                }
+            }
+        }
+
         /// Inspection never panics on any JSON value, as a body or inside
         /// one, with a phrase matcher or without.
         #[test]

@@ -42,11 +42,12 @@ pub mod phrases;
 pub mod rewrite;
 pub mod rules;
 pub mod store;
+pub mod tokens;
 pub mod uri;
 pub mod usage;
 pub mod watchdog;
 
-pub use body::{inspect_body, BodyFacts};
+pub use body::{inspect_body, inspect_body_with, BodyFacts};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{clip, Deny, DenyCode};
 pub use endpoint::Endpoint;
@@ -60,5 +61,6 @@ pub use store::{
     slice_end, slice_of, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease, MemoryStore,
     Refusal, SlotTake, StateStore, StoreError, WindowTake, MAX_SESSIONS, SESSION_PREFIX, SLICES,
 };
+pub use tokens::{Token, TokenSink};
 pub use usage::{Usage, UsageScanner};
 pub use watchdog::{Level, Reading, RedAction, Thresholds, Watchdog, WatchdogConfig};

@@ -218,10 +218,13 @@ pub async fn judge(
             audit.args_sha256 = Some(hex::encode(sha2::Sha256::digest(args.to_string())));
             call.tool = Some(tool.to_string());
             // What makes two calls the same call, for the loop guard.
-            loop_call = Some((
-                format!("mcp:{name}:{tool}"),
-                serde_json::json!({ "tool": tool, "arguments": args }),
-            ));
+            loop_call = caller.loop_guard().map(|cfg| {
+                loopgate_breaker::fingerprint(
+                    &format!("mcp:{name}:{tool}"),
+                    &serde_json::json!({ "tool": tool, "arguments": args }),
+                    cfg,
+                )
+            });
         }
     }
     if rules.is_dry_run(DenyCode::ToolNotAllowed) {
