@@ -103,6 +103,10 @@ pub fn extra(size: usize) -> Vec<Body> {
         i += 1;
     }
     keys.push_str("}}]}");
+    // A letter and 30 marks in falling combining class: NFKC sorts them.
+    let zalgo: String = std::iter::once('a')
+        .chain((0..30).map(|i| ['\u{301}', '\u{316}', '\u{334}', '\u{345}'][i % 4]))
+        .collect();
     vec![
         body(
             "a + U+0301, task id",
@@ -110,6 +114,32 @@ pub fn extra(size: usize) -> Vec<Body> {
             true,
         ),
         body("a + U+0301", chat(size, "a\u{301}", false, ""), false),
+        body(
+            "a + U+0301 + bc",
+            chat(size, "a\u{301}bc", false, ""),
+            false,
+        ),
+        body(
+            "Hangul jamo",
+            chat(size, "\u{1100}\u{1161}\u{11A8}", false, ""),
+            false,
+        ),
+        body("30 marks a letter", chat(size, &zalgo, false, ""), false),
+        body(
+            "phrase prefixes",
+            chat(size, "blocked phrase numbe ", false, ""),
+            false,
+        ),
+        body(
+            "one-char ASCII strings",
+            chat(size, "\"a\"", true, ""),
+            false,
+        ),
+        body(
+            "zero-width spaces",
+            chat(size, "\u{200B}", false, ""),
+            false,
+        ),
         body(
             "Korean, task id",
             chat(size, "한국어 텍스트 ", false, ""),

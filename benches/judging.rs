@@ -7,8 +7,9 @@
 //! judging allocates at its peak (counted by the global allocator).
 //!
 //! Run: cargo run --release -p loopgate-benches --bin judging [MiB] [runs]
-//! (default 8 MiB bodies, CPU the least of 5 runs; the CPU is this
-//! thread's, so other work on the machine counts little).
+//! [name] (default 8 MiB bodies, CPU the least of 5 runs, every body;
+//! with a name, plain ASCII and the bodies whose names hold it). The CPU
+//! is this thread's, so other work on the machine counts little.
 
 use loopgate_benches::bodies::{self, Body};
 use loopgate_breaker::LoopConfig;
@@ -21,6 +22,8 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mib: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(8.0);
     let runs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
+    // Only the bodies whose names hold this (plain ASCII is always first).
+    let only = args.next().unwrap_or_default();
     let size = (mib * 1024.0 * 1024.0) as usize - 4096;
     let phrases = bodies::phrases();
     let loops = LoopConfig::default();
@@ -34,6 +37,9 @@ fn main() {
     );
     let mut ascii = None;
     for (i, b) in all.iter().enumerate() {
+        if i > 0 && !b.name.contains(&only) {
+            continue;
+        }
         if i == bodies::TABLE_LEN {
             println!("-- beyond the table");
         }

@@ -160,14 +160,79 @@ pub fn normalize_streaming(
                 w.alone(table.alone(c));
             }
         } else {
-            let end = table.region_end(s, i);
+            let (end, inert) = table.region_end(s, mark.input, i);
             w.out.truncate(mark.output);
             w.space = mark.space;
-            w.region(&s[mark.input..end], window, drain);
+            let region = &s[mark.input..end];
+            if inert {
+                w.compose(region, table, window, drain);
+            } else {
+                w.region(region, window, drain);
+            }
             i = end;
             continue;
         }
         i += c.len_utf8();
+    }
+}
+
+/// Non-starters in a row that Stream-Safe Text Format allows.
+const MAX_NONSTARTERS: usize = 30;
+
+/// Canonical composition of characters in canonical order (UAX #15: a
+/// character composes with the last starter unless a character between
+/// them is a starter or has a combining class at least its own).
+struct Composer {
+    /// The last starter, composed with what followed it so far.
+    composee: Option<char>,
+    /// Non-starters after it that did not compose, in order.
+    pending: [char; MAX_NONSTARTERS],
+    pending_len: usize,
+    /// The combining class of the last of `pending`.
+    last_ccc: Option<u8>,
+}
+
+impl Composer {
+    fn feed(&mut self, ch: char, ccc: u8, w: &mut Writer) {
+        let Some(k) = self.composee else {
+            if ccc == 0 {
+                self.composee = Some(ch);
+            } else {
+                w.char(ch);
+            }
+            return;
+        };
+        if self.last_ccc.is_none_or(|l| l < ccc) {
+            if let Some(r) = unicode_normalization::char::compose(k, ch) {
+                self.composee = Some(r);
+                return;
+            }
+        }
+        if ccc == 0 {
+            self.flush(w);
+            self.composee = Some(ch);
+        } else if self.pending_len < MAX_NONSTARTERS {
+            self.pending[self.pending_len] = ch;
+            self.pending_len += 1;
+            self.last_ccc = Some(ccc);
+        } else {
+            // Never: runs are at most MAX_NONSTARTERS long here. Nothing
+            // is dropped all the same.
+            self.flush(w);
+            w.char(ch);
+        }
+    }
+
+    /// Writes the starter and what did not compose with it.
+    fn flush(&mut self, w: &mut Writer) {
+        if let Some(k) = self.composee.take() {
+            w.char(k);
+        }
+        for &p in &self.pending[..self.pending_len] {
+            w.char(p);
+        }
+        self.pending_len = 0;
+        self.last_ccc = None;
     }
 }
 
@@ -237,6 +302,59 @@ impl Writer<'_> {
         }
     }
 
+    /// Normalises `text`, from a boundary to a boundary, when NFKD leaves
+    /// every character of it as it is and no run of non-starters is longer
+    /// than Stream-Safe Text Format allows ([`Prototypes::region_end`]
+    /// says): then NFKC is canonical ordering and composition, done here
+    /// with the combining classes from the table, as
+    /// `unicode_normalization`'s composition does it (checked against it
+    /// by the tests).
+    fn compose(
+        &mut self,
+        text: &str,
+        table: &Prototypes,
+        window: usize,
+        drain: &mut dyn FnMut(&mut String),
+    ) {
+        let mut c = Composer {
+            composee: None,
+            pending: [' '; MAX_NONSTARTERS],
+            pending_len: 0,
+            last_ccc: None,
+        };
+        // A run of non-starters, in canonical order as it is gathered.
+        let mut run = [(0u8, ' '); MAX_NONSTARTERS];
+        let mut run_len = 0;
+        for ch in text.chars() {
+            let (kind, _, ccc) = table.class(ch);
+            if kind == Kind::Invisible {
+                continue;
+            }
+            if ccc != 0 {
+                let mut at = run_len.min(MAX_NONSTARTERS - 1);
+                while at > 0 && run[at - 1].0 > ccc {
+                    run[at] = run[at - 1];
+                    at -= 1;
+                }
+                run[at] = (ccc, ch);
+                run_len = (run_len + 1).min(MAX_NONSTARTERS);
+                continue;
+            }
+            for &(ccc, m) in &run[..run_len] {
+                c.feed(m, ccc, self);
+            }
+            run_len = 0;
+            c.feed(ch, 0, self);
+            if self.out.len() >= window {
+                drain(self.out);
+            }
+        }
+        for &(ccc, m) in &run[..run_len] {
+            c.feed(m, ccc, self);
+        }
+        c.flush(self);
+    }
+
     /// Writes what [`Prototypes::alone`] stores for a character.
     fn alone(&mut self, e: u32) {
         let table = prototypes();
@@ -287,12 +405,12 @@ impl Writer<'_> {
             },
             TEXT => {
                 let table = prototypes();
-                let (offset, len) = ((e >> 7 & 0x7F_FFFF) as usize, (e >> 2 & 31) as usize);
+                let (offset, len) = ((e >> 7 & 0x3F_FFFF) as usize, (e >> 2 & 31) as usize);
                 if let Some(t) = table.text.get(offset..offset + len) {
                     self.fresh(|w| w.out.push_str(t));
                 }
             }
-            _ => match e & !(UNSTABLE | ALONE) {
+            _ => match e & !(UNSTABLE | ALONE | DECOMPOSES) {
                 ITSELF => {
                     self.out.push(c);
                     self.space = false;
@@ -440,14 +558,16 @@ struct Prototypes {
     /// combining class), [`ALONE`] for one of those that is nonetheless a
     /// boundary (see [`Prototypes::alone`]), and a [`TAG`]: [`ONE`] (one
     /// character, in bits 2..23), [`TEXT`] (length in bits 2..6, offset in
-    /// `text` in bits 7..29) or a code ([`ITSELF`], [`SPACE`], [`NOTHING`],
-    /// [`LIVE`]: longer than a [`TEXT`] holds, mapped as it comes). An
-    /// invisible character's entry is [`NOTHING`] alone.
+    /// `text` in bits 7..28) or a code ([`ITSELF`], [`SPACE`], [`NOTHING`],
+    /// [`LIVE`]: longer than a [`TEXT`] holds, mapped as it comes), and
+    /// [`DECOMPOSES`] for a character NFKD changes. An invisible
+    /// character's entry is [`NOTHING`] alone.
     rows: Vec<[u32; ROW]>,
     text: String,
-    /// Like `blocks` and `rows`, for [`ALONE`] characters: the length (bits
-    /// 0..7) and offset in `alone_text` (bits 8..30) of what NFKC and the
-    /// mapping make of the character on its own.
+    /// Like `blocks` and `rows`: for an [`ALONE`] character, bit 31 and
+    /// the length (bits 0..7) and offset in `alone_text` (bits 8..30) of
+    /// what NFKC and the mapping make of the character on its own; for an
+    /// unstable one that is no boundary, its canonical combining class.
     alone_blocks: Vec<u16>,
     alone_rows: Vec<[u32; ROW]>,
     alone_text: String,
@@ -457,6 +577,8 @@ const UNSTABLE: u32 = 1 << 31;
 /// Unstable, but with a boundary before it: NFKC never joins it with
 /// what precedes, and written alone it is what `alone_text` holds.
 const ALONE: u32 = 1 << 30;
+/// NFKD changes the character (it has a decomposition).
+const DECOMPOSES: u32 = 1 << 29;
 const TAG: u32 = 3;
 const ONE: u32 = 1;
 const TEXT: u32 = 2;
@@ -546,36 +668,43 @@ impl Prototypes {
         if is_invisible(c) {
             return (NOTHING, 0);
         }
-        let stable = is_nfkc_quick(std::iter::once(c)) == IsNormalized::Yes
-            && unicode_normalization::char::canonical_combining_class(c) == 0;
+        let ccc = unicode_normalization::char::canonical_combining_class(c);
+        let stable = is_nfkc_quick(std::iter::once(c)) == IsNormalized::Yes && ccc == 0;
         let boundary = boundary_before(c);
-        let code = if c.is_whitespace() {
-            SPACE
-        } else {
-            form.clear();
-            Writer {
-                out: &mut *form,
-                space: false,
+        let mut decomposes = 0;
+        unicode_normalization::char::decompose_compatible(c, |d| {
+            if d != c {
+                decomposes = DECOMPOSES;
             }
-            .fold(c, 1);
-            let (offset, len) = (self.text.len(), form.len());
-            let mut chars = form.chars();
-            match (chars.next(), chars.next()) {
-                (None, _) => NOTHING,
-                (Some(f), None) if f == c => ITSELF,
-                (Some(f), None) => (f as u32) << 2 | ONE,
-                _ if len < 32 && offset < 1 << 23 => {
-                    self.text.push_str(form);
-                    (offset as u32) << 7 | (len as u32) << 2 | TEXT
+        });
+        let code = decomposes
+            | if c.is_whitespace() {
+                SPACE
+            } else {
+                form.clear();
+                Writer {
+                    out: &mut *form,
+                    space: false,
                 }
-                _ => LIVE,
-            }
-        };
+                .fold(c, 1);
+                let (offset, len) = (self.text.len(), form.len());
+                let mut chars = form.chars();
+                match (chars.next(), chars.next()) {
+                    (None, _) => NOTHING,
+                    (Some(f), None) if f == c => ITSELF,
+                    (Some(f), None) => (f as u32) << 2 | ONE,
+                    _ if len < 32 && offset < 1 << 22 => {
+                        self.text.push_str(form);
+                        (offset as u32) << 7 | (len as u32) << 2 | TEXT
+                    }
+                    _ => LIVE,
+                }
+            };
         if stable && boundary {
             return (code, 0);
         }
         if !boundary {
-            return (code | UNSTABLE, 0);
+            return (code | UNSTABLE, ccc.into());
         }
         form.clear();
         let mut w = Writer {
@@ -588,7 +717,7 @@ impl Prototypes {
         let (offset, len) = (self.alone_text.len(), form.len());
         if len > 0xFF || offset >= 1 << 23 {
             // Too long to store: normalised through NFKC as it comes.
-            return (code | UNSTABLE, 0);
+            return (code | UNSTABLE, ccc.into());
         }
         self.alone_text.push_str(form);
         (
@@ -614,38 +743,55 @@ impl Prototypes {
         self.alone_rows[row as usize][c % ROW]
     }
 
-    fn kind(&self, c: char) -> Kind {
+    /// How `c` takes part in finding boundaries, whether NFKD leaves it
+    /// as it is, and its canonical combining class.
+    fn class(&self, c: char) -> (Kind, bool, u8) {
         if c.is_ascii() {
-            return match c as u8 {
+            let kind = match c as u8 {
                 0..=0x08 | 0x0e..=0x1f | 0x7f => Kind::Invisible,
                 _ => Kind::Boundary,
             };
+            return (kind, true, 0);
         }
         match self.entry(c).unwrap_or(0) {
-            NOTHING => Kind::Invisible,
-            e if e & UNSTABLE == 0 || e & ALONE != 0 => Kind::Boundary,
-            _ => Kind::Joins,
+            NOTHING => (Kind::Invisible, true, 0),
+            e if e & UNSTABLE == 0 || e & ALONE != 0 => (Kind::Boundary, e & DECOMPOSES == 0, 0),
+            e => (Kind::Joins, e & DECOMPOSES == 0, self.alone(c) as u8),
         }
     }
 
     /// Where the stretch NFKC must see whole ends, for a character at
-    /// `from` that joins with what precedes: at a boundary followed by
-    /// another boundary (so that text with marks here and there goes
-    /// through NFKC in a few long stretches, not one per mark), or at the
-    /// end of `s`.
-    fn region_end(&self, s: &str, from: usize) -> usize {
+    /// `from` that joins with what precedes, the last boundary being at
+    /// `start`: at a boundary followed by another boundary (so that text
+    /// with marks here and there goes through NFKC in a few long
+    /// stretches, not one per mark), or at the end of `s`. And whether
+    /// [`Writer::compose`] may normalise it: NFKD leaves every character
+    /// as it is and no run of non-starters is longer than
+    /// [`MAX_NONSTARTERS`].
+    fn region_end(&self, s: &str, start: usize, from: usize) -> (usize, bool) {
+        let mut inert = true;
+        let mut run = 0;
         let mut boundary = None;
-        for (k, c) in s[from..].char_indices().skip(1) {
-            match self.kind(c) {
-                Kind::Invisible => {}
+        for (k, c) in s[start..].char_indices() {
+            let (kind, plain, ccc) = self.class(c);
+            if kind == Kind::Invisible {
+                continue;
+            }
+            inert &= plain;
+            run = if ccc == 0 { 0 } else { run + 1 };
+            inert &= run <= MAX_NONSTARTERS;
+            if start + k <= from {
+                continue;
+            }
+            match kind {
                 Kind::Boundary => match boundary {
-                    Some(at) => return at,
-                    None => boundary = Some(from + k),
+                    Some(at) => return (at, inert),
+                    None => boundary = Some(start + k),
                 },
-                Kind::Joins => boundary = None,
+                _ => boundary = None,
             }
         }
-        s.len()
+        (s.len(), inert)
     }
 }
 
@@ -908,6 +1054,29 @@ mod tests {
                 w.char(c);
             }
             proptest::prop_assert_eq!(normalize(&s), slow);
+        }
+
+        /// Combining marks of every class, in any order, after letters
+        /// they compose with or not, with the starters that compose with
+        /// one another (Hangul jamo, Indic two-part vowels): the
+        /// composition done here writes what NFKC does.
+        #[test]
+        fn composition_agrees_with_nfkc(s in proptest::collection::vec(proptest::sample::select(&[
+            'a', 'e', 'o', 'u', 'A', 'C', 'n', 'S', 'z', 'i', ' ', '\u{3b1}', '\u{3c9}', '\u{438}',
+            '\u{300}', '\u{301}', '\u{302}', '\u{303}', '\u{308}', '\u{30a}', '\u{30c}',
+            '\u{316}', '\u{323}', '\u{327}', '\u{328}', '\u{31b}', '\u{334}', '\u{345}',
+            '\u{35c}', '\u{1dce}', '\u{5b0}', '\u{e49}', '\u{306}', '\u{313}', '\u{342}',
+            '\u{1100}', '\u{1161}', '\u{11a8}', '\u{ac00}', '\u{b47}', '\u{b3e}', '\u{b56}',
+            '\u{b57}', '\u{9c7}', '\u{9be}', '\u{9d7}', '\u{cc6}', '\u{cd5}', '\u{cc2}',
+            '\u{e9}', '\u{344}', '\u{34f}', '\u{200b}', '\u{1e00}', '\u{fb01}',
+        ][..]), 0..48)) {
+            let s: String = s.into_iter().collect();
+            let mut slow = String::new();
+            let mut w = Writer { out: &mut slow, space: false };
+            for c in s.chars().filter(|c| !is_invisible(*c)).nfkc() {
+                w.char(c);
+            }
+            proptest::prop_assert_eq!(normalize(&s), slow, "{:?}", s);
         }
 
         /// Normalising through a small window, drained at every chance,
