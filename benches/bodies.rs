@@ -5,7 +5,7 @@
 //! when the call carries a task id).
 
 use loopgate_breaker::{Fingerprint, Fingerprinter, LoopConfig};
-use loopgate_policy::{inspect_body_with, BodyFacts, Deny, Endpoint, PhraseMatcher, TokenSink};
+use loopgate_policy::{inspect_body, inspect_body_with, BodyFacts, Deny, Endpoint, PhraseMatcher};
 
 /// One body of the table.
 pub struct Body {
@@ -175,8 +175,10 @@ pub struct Judged {
 pub fn judge(body: &[u8], phrases: &PhraseMatcher, loops: Option<&LoopConfig>) -> Judged {
     let endpoint = Endpoint::ChatCompletions;
     let mut fp = loops.map(|cfg| Fingerprinter::new(endpoint.path(), cfg));
-    let sink = fp.as_mut().map(|f| f as &mut dyn TokenSink);
-    let facts = inspect_body_with(endpoint, body, Some(phrases), sink);
+    let facts = match fp.as_mut() {
+        Some(fp) => inspect_body_with(endpoint, body, Some(phrases), fp),
+        None => inspect_body(endpoint, body, Some(phrases)),
+    };
     let fingerprint = match facts {
         Ok(_) => fp.map(Fingerprinter::finish),
         Err(_) => None,

@@ -200,17 +200,25 @@ pub fn inspect_body(
     body: &[u8],
     phrases: Option<&PhraseMatcher>,
 ) -> Result<BodyFacts, Deny> {
-    inspect_body_with(endpoint, body, phrases, None)
+    inspect_body_with(endpoint, body, phrases, &mut NoTokens)
+}
+
+/// A sink that takes nothing: [`inspect_body`]'s, compiled away.
+pub struct NoTokens;
+
+impl TokenSink for NoTokens {
+    #[inline(always)]
+    fn token(&mut self, _: Token<'_>) {}
 }
 
 /// [`inspect_body`], handing every token of the body, in order, to `sink`
 /// as the one pass reads it (for the loop guard's fingerprint). What
 /// `sink` has seen of a refused body is partial.
-pub fn inspect_body_with<'a>(
+pub fn inspect_body_with<'a, S: TokenSink + ?Sized>(
     endpoint: Endpoint,
     body: &[u8],
     phrases: Option<&'a PhraseMatcher>,
-    sink: Option<&'a mut dyn TokenSink>,
+    sink: &'a mut S,
 ) -> Result<BodyFacts, Deny> {
     let mut walk = Walk {
         scan: TextScan::new(phrases, body.len()),
@@ -685,18 +693,17 @@ fn choice_map(at: &str, f: &Fields, declared: &[Declared], top: bool) -> Result<
 
 /// The walk's shared state: the text scan, and the refusal that stopped
 /// it (serde errors carry only text; this keeps the code and message).
-struct Walk<'m> {
+struct Walk<'m, S: TokenSink + ?Sized> {
     scan: TextScan<'m>,
     fail: Option<Deny>,
     /// Takes every token as the walk reads it.
-    sink: Option<&'m mut dyn TokenSink>,
+    sink: &'m mut S,
 }
 
-impl Walk<'_> {
+impl<S: TokenSink + ?Sized> Walk<'_, S> {
+    #[inline(always)]
     fn token(&mut self, t: Token<'_>) {
-        if let Some(sink) = self.sink.as_deref_mut() {
-            sink.token(t);
-        }
+        self.sink.token(t);
     }
 
     fn refuse<E: de::Error>(&mut self, code: DenyCode, msg: String) -> E {
@@ -794,11 +801,11 @@ macro_rules! not_object {
 
 const NOT_OBJECT: &str = "request body must be a JSON object";
 
-struct FactsVisitor<'a, 'm> {
-    walk: &'a mut Walk<'m>,
+struct FactsVisitor<'a, 'm, S: TokenSink + ?Sized> {
+    walk: &'a mut Walk<'m, S>,
 }
 
-impl<'de> Visitor<'de> for FactsVisitor<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> Visitor<'de> for FactsVisitor<'_, '_, S> {
     type Value = RawFacts;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -808,7 +815,7 @@ impl<'de> Visitor<'de> for FactsVisitor<'_, '_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawFacts, A::Error> {
         let walk = self.walk;
         let mut facts = RawFacts::default();
-        let dup = |walk: &mut Walk, name: &str| {
+        let dup = |walk: &mut Walk<S>, name: &str| {
             walk.refuse::<A::Error>(
                 DenyCode::InvalidJson,
                 format!("duplicate field `{name}` in request body"),
@@ -1013,20 +1020,22 @@ impl KeyName {
 }
 
 /// A top-level key: handed to the sink, told apart.
-struct TopKey<'a, 'm>(&'a mut Walk<'m>);
+struct TopKey<'a, 'm, S: TokenSink + ?Sized>(&'a mut Walk<'m, S>);
 
-impl<'de> DeserializeSeed<'de> for TopKey<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for TopKey<'_, '_, S> {
     type Value = KeyName;
+    #[inline]
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<KeyName, D::Error> {
         d.deserialize_str(self)
     }
 }
 
-impl Visitor<'_> for TopKey<'_, '_> {
+impl<S: TokenSink + ?Sized> Visitor<'_> for TopKey<'_, '_, S> {
     type Value = KeyName;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a key")
     }
+    #[inline]
     fn visit_str<E: de::Error>(self, s: &str) -> Result<KeyName, E> {
         self.0.token(Token::Key(s));
         Ok(KeyName::of(s))
@@ -1072,26 +1081,26 @@ enum Strs {
 /// Reads any value into a [`Kind`], walking containers depth-counted with
 /// every string inside them (at any depth) and every key measured and
 /// searched.
-struct Val<'a, 'm> {
-    walk: &'a mut Walk<'m>,
+struct Val<'a, 'm, S: TokenSink + ?Sized> {
+    walk: &'a mut Walk<'m, S>,
     depth: usize,
     strs: Strs,
 }
 
-impl<'a, 'm> Val<'a, 'm> {
-    fn new(walk: &'a mut Walk<'m>, depth: usize, strs: Strs) -> Val<'a, 'm> {
+impl<'a, 'm, S: TokenSink + ?Sized> Val<'a, 'm, S> {
+    fn new(walk: &'a mut Walk<'m, S>, depth: usize, strs: Strs) -> Val<'a, 'm, S> {
         Val { walk, depth, strs }
     }
 }
 
-impl<'de> DeserializeSeed<'de> for Val<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for Val<'_, '_, S> {
     type Value = Kind;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Kind, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Val<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> Visitor<'de> for Val<'_, '_, S> {
     type Value = Kind;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
@@ -1151,20 +1160,22 @@ impl<'de> Visitor<'de> for Val<'_, '_> {
 }
 
 /// A key below the top level: searched, not counted as text.
-struct ScanKey<'a, 'm>(&'a mut Walk<'m>);
+struct ScanKey<'a, 'm, S: TokenSink + ?Sized>(&'a mut Walk<'m, S>);
 
-impl<'de> DeserializeSeed<'de> for ScanKey<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for ScanKey<'_, '_, S> {
     type Value = ();
+    #[inline]
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_str(self)
     }
 }
 
-impl Visitor<'_> for ScanKey<'_, '_> {
+impl<S: TokenSink + ?Sized> Visitor<'_> for ScanKey<'_, '_, S> {
     type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a key")
     }
+    #[inline]
     fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
         self.0.token(Token::Key(s));
         self.0.scan.scan(s);
@@ -1229,20 +1240,20 @@ enum List {
 
 /// Reads a tool-bearing object's keys (per [`Ctx`]); any other value is
 /// walked (scanned, depth-counted) and reported by kind.
-struct ObjSeed<'a, 'm> {
-    walk: &'a mut Walk<'m>,
+struct ObjSeed<'a, 'm, S: TokenSink + ?Sized> {
+    walk: &'a mut Walk<'m, S>,
     depth: usize,
     ctx: Ctx,
 }
 
-impl<'de> DeserializeSeed<'de> for ObjSeed<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for ObjSeed<'_, '_, S> {
     type Value = Obj;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Obj, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for ObjSeed<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ObjSeed<'_, '_, S> {
     type Value = Obj;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a tool object")
@@ -1351,20 +1362,20 @@ impl<'de> Visitor<'de> for ObjSeed<'_, '_> {
 
 /// Reads a list of tool-bearing objects; any other value is walked and
 /// reported by kind.
-struct ListSeed<'a, 'm> {
-    walk: &'a mut Walk<'m>,
+struct ListSeed<'a, 'm, S: TokenSink + ?Sized> {
+    walk: &'a mut Walk<'m, S>,
     depth: usize,
     ctx: Ctx,
 }
 
-impl<'de> DeserializeSeed<'de> for ListSeed<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for ListSeed<'_, '_, S> {
     type Value = List;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<List, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for ListSeed<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ListSeed<'_, '_, S> {
     type Value = List;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an array of tools")
@@ -2168,7 +2179,7 @@ mod tests {
             let bytes = serde_json::to_vec(&o).unwrap();
             for e in Endpoint::ALL {
                 let mut seen = Collect::default();
-                let with = inspect_body_with(e, &bytes, None, Some(&mut seen));
+                let with = inspect_body_with(e, &bytes, None, &mut seen);
                 proptest::prop_assert_eq!(&with, &inspect_body(e, &bytes, None));
                 if with.is_ok() {
                     let mut read = Collect::default();

@@ -47,7 +47,7 @@ pub mod uri;
 pub mod usage;
 pub mod watchdog;
 
-pub use body::{inspect_body, inspect_body_with, BodyFacts};
+pub use body::{inspect_body, inspect_body_with, BodyFacts, NoTokens};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{clip, Deny, DenyCode};
 pub use endpoint::Endpoint;

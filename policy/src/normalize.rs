@@ -78,6 +78,13 @@ pub fn normalize(s: &str) -> String {
     out
 }
 
+/// Appends the normalised form of `s`, ASCII, to `out`: what
+/// [`normalize_into`] writes, on the fast path short text takes.
+#[inline]
+pub(crate) fn normalize_ascii(s: &str, out: &mut String) {
+    ascii_into(s.as_bytes(), &mut Writer { out, space: false });
+}
+
 /// Input bytes written between two chances to drain.
 pub(crate) const PIECE: usize = 4096;
 
@@ -128,51 +135,80 @@ pub fn normalize_streaming(
         output: w.out.len(),
         space: false,
     };
-    let mut i = 0;
-    while i < b.len() {
-        if b[i].is_ascii() {
-            let end = b[i..]
-                .iter()
-                .position(|c| !c.is_ascii())
-                .map_or(b.len(), |n| i + n);
-            w.ascii_run(b, i, end, &mut mark, window, drain);
-            i = end;
-            continue;
-        }
-        let Some(c) = s[i..].chars().next() else {
-            break;
-        };
-        let e = table.entry(c).unwrap_or(0);
-        if e == NOTHING {
-            // Invisible: removed before NFKC, so no boundary either.
-        } else if e & UNSTABLE == 0 || e & ALONE != 0 {
-            if w.out.len() >= window {
-                drain(w.out);
-            }
-            mark = Mark {
-                input: i,
-                output: w.out.len(),
-                space: w.space,
-            };
-            if e & UNSTABLE == 0 {
-                w.entry(c, e);
+    // Characters from `base` on; a long run of ASCII, or a stretch NFKC
+    // must see whole, is taken at once and the walk resumes after it.
+    let mut base = 0;
+    let mut chars = s.char_indices();
+    while let Some((k, c)) = chars.next() {
+        let i = base + k;
+        let resume = if c.is_ascii() {
+            if b.len() - i >= LONG_RUN && b[i..i + LONG_RUN].is_ascii() {
+                let end = b[i..]
+                    .iter()
+                    .position(|c| !c.is_ascii())
+                    .map_or(b.len(), |n| i + n);
+                w.ascii_run(b, i, end, &mut mark, window, drain);
+                Some(end)
             } else {
-                w.alone(table.alone(c));
+                // Between words of another script: a byte at a time.
+                if ascii_visible(c as u8) {
+                    if w.out.len() >= window {
+                        drain(w.out);
+                    }
+                    mark = Mark {
+                        input: i,
+                        output: w.out.len(),
+                        space: w.space,
+                    };
+                }
+                w.ascii(c);
+                None
             }
         } else {
-            let (end, inert) = table.region_end(s, mark.input, i);
-            w.out.truncate(mark.output);
-            w.space = mark.space;
-            let region = &s[mark.input..end];
-            if inert {
-                w.compose(region, table, window, drain);
+            let e = table.entry(c).unwrap_or(0);
+            if e & UNSTABLE == 0 {
+                // Invisible (NOTHING): removed before NFKC, so no boundary
+                // either.
+                if e != NOTHING {
+                    if w.out.len() >= window {
+                        drain(w.out);
+                    }
+                    mark = Mark {
+                        input: i,
+                        output: w.out.len(),
+                        space: w.space,
+                    };
+                    w.entry(c, e);
+                }
+                None
+            } else if e & ALONE != 0 {
+                if w.out.len() >= window {
+                    drain(w.out);
+                }
+                mark = Mark {
+                    input: i,
+                    output: w.out.len(),
+                    space: w.space,
+                };
+                w.alone(table.alone(c));
+                None
             } else {
-                w.region(region, window, drain);
+                let (end, inert) = table.region_end(s, mark.input, i);
+                w.out.truncate(mark.output);
+                w.space = mark.space;
+                let region = &s[mark.input..end];
+                if inert {
+                    w.compose(region, table, window, drain);
+                } else {
+                    w.region(region, window, drain);
+                }
+                Some(end)
             }
-            i = end;
-            continue;
+        };
+        if let Some(end) = resume {
+            base = end;
+            chars = s[end..].char_indices();
         }
-        i += c.len_utf8();
     }
 }
 
@@ -236,6 +272,14 @@ impl Composer {
     }
 }
 
+/// ASCII written in bulk when this many bytes of it come in a row.
+const LONG_RUN: usize = 32;
+
+/// Not an ASCII control that normalisation removes (whitespace is kept).
+fn ascii_visible(c: u8) -> bool {
+    !matches!(c, 0..=0x08 | 0x0e..=0x1f | 0x7f)
+}
+
 /// Where normalisation may start again: a boundary's input offset, the
 /// output length before it was written, and whether a space had just been.
 struct Mark {
@@ -264,7 +308,7 @@ impl Writer<'_> {
         window: usize,
         drain: &mut dyn FnMut(&mut String),
     ) {
-        let visible = |c: &u8| !matches!(c, 0..=0x08 | 0x0e..=0x1f | 0x7f);
+        let visible = |c: &u8| ascii_visible(*c);
         let mut at = start;
         while at < end {
             let piece = &b[at..end.min(at + PIECE)];
@@ -393,7 +437,18 @@ impl Writer<'_> {
     }
 
     /// Writes what the table stores for `c`.
+    #[inline(always)]
     fn entry(&mut self, c: char, e: u32) {
+        if e & !(UNSTABLE | DECOMPOSES) == ITSELF {
+            self.out.push(c);
+            self.space = false;
+            return;
+        }
+        self.entry_other(c, e);
+    }
+
+    /// [`Writer::entry`] but for [`ITSELF`].
+    fn entry_other(&mut self, c: char, e: u32) {
         match e & TAG {
             ONE => match char::from_u32(e >> 2 & 0x1F_FFFF) {
                 Some(' ') => self.ascii(' '),
@@ -440,7 +495,8 @@ impl Writer<'_> {
     }
 
     fn ascii(&mut self, c: char) {
-        if c.is_ascii_whitespace() {
+        // Vertical tab too: Unicode's White_Space, as in `ascii_into`.
+        if c.is_ascii_whitespace() || c == '\x0b' {
             if !self.space {
                 self.out.push(' ');
                 self.space = true;
@@ -747,9 +803,9 @@ impl Prototypes {
     /// as it is, and its canonical combining class.
     fn class(&self, c: char) -> (Kind, bool, u8) {
         if c.is_ascii() {
-            let kind = match c as u8 {
-                0..=0x08 | 0x0e..=0x1f | 0x7f => Kind::Invisible,
-                _ => Kind::Boundary,
+            let kind = match ascii_visible(c as u8) {
+                false => Kind::Invisible,
+                true => Kind::Boundary,
             };
             return (kind, true, 0);
         }

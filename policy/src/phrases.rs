@@ -136,15 +136,18 @@ impl<'m> PhraseSearch<'m> {
             self.text
                 .reserve(self.hint.min(self.window + crate::normalize::PIECE));
         }
-        let (matcher, found) = (self.matcher, &mut self.found);
-        let mut drain = |text: &mut String| match found {
-            None => *found = matcher.search_window(text, false),
-            Some(_) => text.clear(),
-        };
-        normalize_streaming(s, &mut self.text, self.window, &mut drain);
+        if s.len() <= crate::normalize::PIECE && self.text.len() < self.window && s.is_ascii() {
+            // The usual short string: no window to mind while it is written.
+            crate::normalize::normalize_ascii(s, &mut self.text);
+        } else {
+            let (matcher, found) = (self.matcher, &mut self.found);
+            normalize_streaming(s, &mut self.text, self.window, &mut |text| {
+                matcher.drain(text, found)
+            });
+        }
         self.text.push('\0');
         if self.text.len() >= self.window {
-            drain(&mut self.text);
+            self.matcher.drain(&mut self.text, &mut self.found);
         }
     }
 
@@ -164,6 +167,14 @@ impl<'m> PhraseSearch<'m> {
 }
 
 impl PhraseMatcher {
+    /// Searches a full window, or drops it once a phrase was found.
+    fn drain(&self, text: &mut String, found: &mut Option<usize>) {
+        match found {
+            None => *found = self.search_window(text, false),
+            Some(_) => text.clear(),
+        }
+    }
+
     /// Searches a window of normalised text (see [`PhraseSearch`]): a
     /// match no longer phrase could displace, or, with `last`, any match;
     /// else drops all but the tail a match may still start in.

@@ -11,7 +11,7 @@ use crate::error::GatewayError;
 use bytes::Bytes;
 use loopgate_breaker::Fingerprinter;
 use loopgate_policy::{
-    clip, inspect_body_with, replace_model, Deny, DenyCode, Endpoint, TokenSink, Verdict,
+    clip, inspect_body, inspect_body_with, replace_model, Deny, DenyCode, Endpoint, Verdict,
 };
 use pingora_proxy::Session;
 use std::sync::Arc;
@@ -41,8 +41,11 @@ pub async fn judge(
     let mut fp = caller
         .loop_guard()
         .map(|cfg| Fingerprinter::new(endpoint.path(), cfg));
-    let sink = fp.as_mut().map(|f| f as &mut dyn TokenSink);
-    let facts = inspect_body_with(endpoint, &body, rules.phrases.as_deref(), sink)?;
+    let phrases = rules.phrases.as_deref();
+    let facts = match fp.as_mut() {
+        Some(fp) => inspect_body_with(endpoint, &body, phrases, fp),
+        None => inspect_body(endpoint, &body, phrases),
+    }?;
     if facts.model.bytes().any(|b| b < 0x20 || b == 0x7f) {
         // It is echoed in headers and logs; no provider names a model so.
         return Err(Deny::new(
