@@ -140,7 +140,7 @@ pub const RAW_LIMIT: usize = 1024;
 enum Sink {
     /// The stream so far is `raw[start..]`.
     Raw(usize),
-    Hash(Sha256),
+    Hash(Box<Sha256>),
 }
 
 enum Frame {
@@ -215,7 +215,7 @@ impl<'c> Fingerprinter<'c> {
             Some(sink @ Sink::Raw(_)) => {
                 let Sink::Raw(start) = *sink else { return };
                 if self.raw.len() - start + bytes.len() > RAW_LIMIT {
-                    let mut h = Sha256::new();
+                    let mut h = Box::new(Sha256::new());
                     h.update(&self.raw[start..]);
                     h.update(bytes);
                     self.raw.truncate(start);
@@ -232,7 +232,7 @@ impl<'c> Fingerprinter<'c> {
         match self.sinks.pop() {
             Some(Sink::Hash(h)) => h.finalize().into(),
             Some(Sink::Raw(start)) => {
-                let d = Sha256::digest(&self.raw[start..]).into();
+                let d = digest(&self.raw[start..]);
                 self.raw.truncate(start);
                 d
             }
@@ -396,7 +396,7 @@ impl TokenSink for Fingerprinter<'_> {
                 let top = *top;
                 if let Some(start) = pending.take() {
                     // A second entry: the first is digested after all.
-                    *sum = add(*sum, &Sha256::digest(&self.raw[start..]).into(), false);
+                    *sum = add(*sum, &digest(&self.raw[start..]), false);
                     self.raw.truncate(start);
                 }
                 if top && k == "endpoint" {
@@ -469,6 +469,29 @@ impl TokenSink for Fingerprinter<'_> {
             Token::Null => self.scalar(b'n', [0; 8]),
         }
     }
+}
+
+/// SHA-256 of `bytes`; one that fits one block (most entries) padded here
+/// and compressed once, without the hasher's buffering.
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    const IV: [u32; 8] = [
+        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+        0x5be0cd19,
+    ];
+    if bytes.len() > 55 {
+        return Sha256::digest(bytes).into();
+    }
+    let mut block = [0u8; 64];
+    block[..bytes.len()].copy_from_slice(bytes);
+    block[bytes.len()] = 0x80;
+    block[56..].copy_from_slice(&(bytes.len() as u64 * 8).to_be_bytes());
+    let mut state = IV;
+    sha2::compress256(&mut state, &[block.into()]);
+    let mut out = [0u8; 32];
+    for (o, w) in out.chunks_exact_mut(4).zip(state) {
+        o.copy_from_slice(&w.to_be_bytes());
+    }
+    out
 }
 
 /// An object of more than one entry (or one too long to keep as bytes):
@@ -870,6 +893,18 @@ mod tests {
             prop_assert_eq!(reference(e, &again, &cfg), reference(e, &parsed, &cfg));
             prop_assert_eq!(fingerprint(e, &again, &cfg), fp);
             prop_assert_eq!(streamed(e, noisy.as_bytes(), &cfg), fp);
+        }
+    }
+
+    #[test]
+    fn small_digests_are_sha256() {
+        for n in 0..130 {
+            let bytes: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
+            assert_eq!(
+                digest(&bytes),
+                <[u8; 32]>::from(Sha256::digest(&bytes)),
+                "{n}"
+            );
         }
     }
 
