@@ -1,6 +1,8 @@
 //! Loopgate's benchmarks (see README, "Benchmarks").
 //!
 //! - `policy.rs`, `hot_path.rs` (criterion): the hot-path pieces.
+//! - `judging.rs` (with [`bodies`]): what judging hostile bodies costs per
+//!   byte, against plain ASCII; `tests/judging.rs` bounds it.
 //! - `bare_pingora.rs`: the baseline passthrough for `compare`.
 //! - `compare`: wrk comparison against nginx and bare Pingora.
 //! - `streams`: many concurrent SSE streams, bytes and RSS per stream.

@@ -599,9 +599,10 @@ const COMPUTED: [std::ops::Range<u32>; 2] = [0..0x4_0000, 0xE_0000..0xE_1000];
 /// What normalisation writes for each non-ASCII character once NFKC has
 /// been applied, whether NFKC leaves the character alone, and what it
 /// writes for a compatibility character NFKC changes on its own, computed
-/// once per process (~40 ms of one core in a release build; ~400 KiB, most
-/// of it Hangul syllables, whose skeletons are their jamo, and CJK
-/// ideographs): through the crate's iterators the skeleton of one
+/// once per process (~45 ms of one core in a release build; ~0.5 MiB, most
+/// of it Hangul syllables, whose skeletons are their jamo, and the CJK
+/// extensions of planes 2 and 3, ~4,400 of whose ideographs have another
+/// as prototype): through the crate's iterators the skeleton of one
 /// character costs ~1,000 instructions (NFD, two binary searches, NFD
 /// again) and a capital's look as much again, a lookup here a few dozen,
 /// and the NFKC quick check another ~350.
@@ -653,18 +654,6 @@ fn prototypes() -> &'static Prototypes {
 /// the first request with non-ASCII text does not wait for it.
 pub fn prepare() {
     prototypes();
-}
-
-/// NFKC never joins `c` with what precedes it: its decomposition starts
-/// with a starter that composes with nothing before it.
-fn boundary_before(c: char) -> bool {
-    let mut first = None;
-    unicode_normalization::char::decompose_compatible(c, |d| {
-        first.get_or_insert(d);
-    });
-    let first = first.unwrap_or(c);
-    unicode_normalization::char::canonical_combining_class(first) == 0
-        && is_nfkc_quick(std::iter::once(first)) == IsNormalized::Yes
 }
 
 /// How a character takes part in finding boundaries.
@@ -726,13 +715,23 @@ impl Prototypes {
         }
         let ccc = unicode_normalization::char::canonical_combining_class(c);
         let stable = is_nfkc_quick(std::iter::once(c)) == IsNormalized::Yes && ccc == 0;
-        let boundary = boundary_before(c);
+        let mut first = None;
         let mut decomposes = 0;
         unicode_normalization::char::decompose_compatible(c, |d| {
+            first.get_or_insert(d);
             if d != c {
                 decomposes = DECOMPOSES;
             }
         });
+        // A boundary: NFKD starts with a starter that composes with nothing
+        // before it (for a character NFKD leaves alone: stable).
+        let boundary = match first {
+            Some(f) if f != c => {
+                unicode_normalization::char::canonical_combining_class(f) == 0
+                    && is_nfkc_quick(std::iter::once(f)) == IsNormalized::Yes
+            }
+            _ => stable,
+        };
         let code = decomposes
             | if c.is_whitespace() {
                 SPACE
