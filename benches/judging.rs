@@ -6,6 +6,8 @@
 //! measured in the same run. Memory is what the body holds plus what
 //! judging allocates at its peak (counted by the global allocator).
 //!
+//! `benches/judging-binary` sends the same bodies to the real binary.
+//!
 //! Run: cargo run --release -p loopgate-benches --bin judging [MiB] [runs]
 //! [name] (default 8 MiB bodies, CPU the least of 5 runs, every body;
 //! with a name, plain ASCII and the bodies whose names hold it). The CPU
@@ -19,6 +21,9 @@ use std::hint::black_box;
 static ALLOC: loopgate_benches::CountingAlloc = loopgate_benches::CountingAlloc;
 
 fn main() {
+    if let Some(dir) = std::env::args().nth(1).filter(|a| a == "--dump") {
+        return dump(&dir, std::env::args().nth(2));
+    }
     let mut args = std::env::args().skip(1);
     let mib: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(8.0);
     let runs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
@@ -58,5 +63,20 @@ fn main() {
             m.outcome,
         );
         black_box(&m);
+    }
+}
+
+/// `--dump DIR`: writes the table's 8 MiB bodies into DIR, one file each
+/// (`NN.json`, `NN.task` when it carries a task id, `NN.name`), for
+/// `benches/judging-binary`, which sends them to the real binary.
+fn dump(_: &str, dir: Option<String>) {
+    let dir = std::path::PathBuf::from(dir.expect("usage: judging --dump DIR"));
+    std::fs::create_dir_all(&dir).expect("create the directory");
+    for (i, b) in bodies::table((8 << 20) - 4096).iter().enumerate() {
+        std::fs::write(dir.join(format!("{i:02}.json")), &b.bytes).expect("write");
+        std::fs::write(dir.join(format!("{i:02}.name")), b.name).expect("write");
+        if b.task {
+            std::fs::write(dir.join(format!("{i:02}.task")), "").expect("write");
+        }
     }
 }
