@@ -439,7 +439,7 @@ impl Writer<'_> {
     /// Writes what the table stores for `c`.
     #[inline(always)]
     fn entry(&mut self, c: char, e: u32) {
-        if e & !(UNSTABLE | DECOMPOSES) == ITSELF {
+        if e & !(UNSTABLE | NO_COMPOSE) == ITSELF {
             self.out.push(c);
             self.space = false;
             return;
@@ -465,7 +465,7 @@ impl Writer<'_> {
                     self.fresh(|w| w.out.push_str(t));
                 }
             }
-            _ => match e & !(UNSTABLE | ALONE | DECOMPOSES) {
+            _ => match e & !(UNSTABLE | ALONE | NO_COMPOSE) {
                 ITSELF => {
                     self.out.push(c);
                     self.space = false;
@@ -617,7 +617,7 @@ struct Prototypes {
     /// character, in bits 2..23), [`TEXT`] (length in bits 2..6, offset in
     /// `text` in bits 7..28) or a code ([`ITSELF`], [`SPACE`], [`NOTHING`],
     /// [`LIVE`]: longer than a [`TEXT`] holds, mapped as it comes), and
-    /// [`DECOMPOSES`] for a character NFKD changes. An invisible
+    /// [`NO_COMPOSE`] for a character NFKD changes. An invisible
     /// character's entry is [`NOTHING`] alone.
     rows: Vec<[u32; ROW]>,
     text: String,
@@ -634,8 +634,10 @@ const UNSTABLE: u32 = 1 << 31;
 /// Unstable, but with a boundary before it: NFKC never joins it with
 /// what precedes, and written alone it is what `alone_text` holds.
 const ALONE: u32 = 1 << 30;
-/// NFKD changes the character (it has a decomposition).
-const DECOMPOSES: u32 = 1 << 29;
+/// [`Writer::compose`] does not take the character: NFKD changes it (it
+/// has a decomposition), or it writes nothing though NFKC sees it (an
+/// unassigned default-ignorable, which blocks composition across it).
+const NO_COMPOSE: u32 = 1 << 29;
 const TAG: u32 = 3;
 const ONE: u32 = 1;
 const TEXT: u32 = 2;
@@ -716,11 +718,11 @@ impl Prototypes {
         let ccc = unicode_normalization::char::canonical_combining_class(c);
         let stable = is_nfkc_quick(std::iter::once(c)) == IsNormalized::Yes && ccc == 0;
         let mut first = None;
-        let mut decomposes = 0;
+        let mut no_compose = 0;
         unicode_normalization::char::decompose_compatible(c, |d| {
             first.get_or_insert(d);
             if d != c {
-                decomposes = DECOMPOSES;
+                no_compose = NO_COMPOSE;
             }
         });
         // A boundary: NFKD starts with a starter that composes with nothing
@@ -732,29 +734,33 @@ impl Prototypes {
             }
             _ => stable,
         };
-        let code = decomposes
-            | if c.is_whitespace() {
-                SPACE
-            } else {
-                form.clear();
-                Writer {
-                    out: &mut *form,
-                    space: false,
+        let code = if c.is_whitespace() {
+            SPACE
+        } else {
+            form.clear();
+            Writer {
+                out: &mut *form,
+                space: false,
+            }
+            .fold(c, 1);
+            let (offset, len) = (self.text.len(), form.len());
+            let mut chars = form.chars();
+            match (chars.next(), chars.next()) {
+                (None, _) => NOTHING,
+                (Some(f), None) if f == c => ITSELF,
+                (Some(f), None) => (f as u32) << 2 | ONE,
+                _ if len < 32 && offset < 1 << 22 => {
+                    self.text.push_str(form);
+                    (offset as u32) << 7 | (len as u32) << 2 | TEXT
                 }
-                .fold(c, 1);
-                let (offset, len) = (self.text.len(), form.len());
-                let mut chars = form.chars();
-                match (chars.next(), chars.next()) {
-                    (None, _) => NOTHING,
-                    (Some(f), None) if f == c => ITSELF,
-                    (Some(f), None) => (f as u32) << 2 | ONE,
-                    _ if len < 32 && offset < 1 << 22 => {
-                        self.text.push_str(form);
-                        (offset as u32) << 7 | (len as u32) << 2 | TEXT
-                    }
-                    _ => LIVE,
-                }
-            };
+                _ => LIVE,
+            }
+        };
+        if code == NOTHING {
+            // Not invisible (those were answered above): NFKC sees it.
+            no_compose = NO_COMPOSE;
+        }
+        let code = code | no_compose;
         if stable && boundary {
             return (code, 0);
         }
@@ -810,8 +816,8 @@ impl Prototypes {
         }
         match self.entry(c).unwrap_or(0) {
             NOTHING => (Kind::Invisible, true, 0),
-            e if e & UNSTABLE == 0 || e & ALONE != 0 => (Kind::Boundary, e & DECOMPOSES == 0, 0),
-            e => (Kind::Joins, e & DECOMPOSES == 0, self.alone(c) as u8),
+            e if e & UNSTABLE == 0 || e & ALONE != 0 => (Kind::Boundary, e & NO_COMPOSE == 0, 0),
+            e => (Kind::Joins, e & NO_COMPOSE == 0, self.alone(c) as u8),
         }
     }
 
@@ -1123,7 +1129,8 @@ mod tests {
             '\u{35c}', '\u{1dce}', '\u{5b0}', '\u{e49}', '\u{306}', '\u{313}', '\u{342}',
             '\u{1100}', '\u{1161}', '\u{11a8}', '\u{ac00}', '\u{b47}', '\u{b3e}', '\u{b56}',
             '\u{b57}', '\u{9c7}', '\u{9be}', '\u{9d7}', '\u{cc6}', '\u{cd5}', '\u{cc2}',
-            '\u{e9}', '\u{344}', '\u{34f}', '\u{200b}', '\u{1e00}', '\u{fb01}',
+            '\u{e9}', '\u{344}', '\u{34f}', '\u{200b}', '\u{1e00}', '\u{fb01}', '\u{2065}',
+            '\u{fff0}', '\u{e0080}',
         ][..]), 0..48)) {
             let s: String = s.into_iter().collect();
             let mut slow = String::new();
