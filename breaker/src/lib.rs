@@ -19,5 +19,8 @@ pub use circuit::{
     Breaker, BreakerConfig, FailureKind, Outcome, Rejected, Snapshot, State, Ticket, Transition,
 };
 pub use health::Health;
-pub use loops::{fingerprint, Fingerprint, LoopConfig, LoopVerdict, TaskState, Trip};
+pub use loops::{
+    fingerprint, Fingerprint, Fingerprinter, LoopConfig, LoopVerdict, TaskState, Trip,
+    MAX_LAST_TURNS,
+};
 pub use set::BreakerSet;

@@ -2,12 +2,14 @@
 //! a request that would complete a repeated cycle is refused, and the task
 //! cools down with a doubling back-off.
 //!
-//! A fingerprint is SHA-256 over a canonical form of what makes a call the
-//! same call: endpoint, model, the last `last_turns` messages, tools and
-//! tool arguments (they live in the messages). Noise is removed first: any
-//! key named in `ignore_fields` at any depth (ids, timestamps, retry
-//! counters), key order (objects are serialised sorted) and whitespace
-//! (JSON layout, and runs of whitespace inside strings).
+//! A fingerprint is a digest of what makes a call the same call: endpoint,
+//! model, the last `last_turns` messages, tools and tool arguments (they
+//! live in the messages). Noise is left out: any key named in
+//! `ignore_fields` at any depth (ids, timestamps, retry counters), key
+//! order and whitespace (JSON layout, and runs of whitespace inside
+//! strings). It is computed from the body's tokens as the one pass that
+//! judges the body reads them ([`Fingerprinter`]), in memory bounded by
+//! the nesting depth, never from a parsed tree.
 //!
 //! A loop is the ring's tail being one block of 1..=window/repeats
 //! fingerprints repeated `repeats` times in a row, counting the incoming
@@ -21,6 +23,7 @@
 //! task in its state store (`loop:<agent>/<task>`), so replicas sharing a
 //! store judge a task on one ring; nothing here holds tasks itself.
 
+use loopgate_policy::tokens::{Token, TokenSink};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
@@ -71,121 +74,488 @@ impl Default for LoopConfig {
     }
 }
 
-/// The fingerprint of a request to `endpoint` with JSON `body`.
-///
-/// The canonical form is written straight into the hasher, never built as
-/// a second JSON tree: it is the serialisation of `{"endpoint": endpoint,
-/// ...body}` with ignored keys dropped at every depth, keys sorted, runs of
-/// whitespace in strings collapsed and only the last `last_turns` messages.
+/// The most messages [`LoopConfig::last_turns`] may count (the
+/// configuration refuses more): each is held as a digest while the body
+/// is read.
+pub const MAX_LAST_TURNS: usize = 1000;
+
+/// The fingerprint of a request to `endpoint` with JSON `body` (the
+/// tokens of `body` through a [`Fingerprinter`]).
 pub fn fingerprint(endpoint: &str, body: &Value, cfg: &LoopConfig) -> Fingerprint {
-    let ignored = |k: &str| cfg.ignore_fields.iter().any(|f| f == k);
-    let endpoint = Value::String(endpoint.to_string());
-    // Top level: the body's keys plus `endpoint` (a body key of that name
-    // wins), sorted as serde_json's map sorts them.
-    let mut top: Vec<(&str, &Value)> = Vec::new();
-    if !ignored("endpoint") {
-        top.push(("endpoint", &endpoint));
-    }
-    if let Value::Object(map) = body {
-        for (k, v) in map {
-            if ignored(k) {
-                continue;
-            }
-            if k == "endpoint" {
-                top.retain(|(key, _)| *key != "endpoint");
-            }
-            top.push((k.as_str(), v));
-        }
-    }
-    top.sort_by(|a, b| a.0.cmp(b.0));
-    let mut h = Canonical {
-        hash: Sha256::new(),
-        text: String::new(),
-    };
-    h.object(top.into_iter(), |h, k, v| match (k, v) {
-        ("messages", Value::Array(msgs)) => {
-            let skip = msgs.len().saturating_sub(cfg.last_turns);
-            h.array(&msgs[skip..], &ignored);
-        }
-        _ => h.value(v, &ignored),
-    });
-    h.hash.finalize().into()
+    let mut f = Fingerprinter::new(endpoint, cfg);
+    loopgate_policy::tokens::replay(body, &mut f);
+    f.finish()
 }
 
-/// Writes canonical JSON into a running SHA-256.
-struct Canonical {
-    hash: Sha256,
-    /// Reused for whitespace-collapsed strings.
-    text: String,
+/// Computes a request's fingerprint from the tokens of its body
+/// ([`TokenSink`]), as they are read.
+///
+/// What it digests is the canonical form of the call: `{"endpoint":
+/// endpoint, ...body}` (a body key `endpoint` replacing the first), with
+/// ignored keys dropped at every depth, runs of whitespace in strings
+/// collapsed (none at either end), and of a top-level `messages` array
+/// only the last `last_turns` entries. Two bodies with one canonical form
+/// have one fingerprint; any other difference makes another (but for
+/// SHA-256 collisions).
+///
+/// Key order must not matter, and sorting keys would mean holding the
+/// body; so an object is digested as the sum (per 64-bit limb, wrapping)
+/// of the SHA-256 digests of its entries (key and value), with their
+/// count: the same for any order. Values are written into the stream of
+/// the entry (or kept message) that holds them as they come: a tag byte
+/// and the value (a string's bytes end with 0xFF, which UTF-8 never
+/// holds; numbers as `serde_json` reads them, an integer never equal to a
+/// float; an object its count and sum). An entry's stream is kept as
+/// bytes until it passes [`RAW_LIMIT`], then fed to a running SHA-256;
+/// an object whose one entry stayed that small is written as that entry
+/// instead of a sum (nested single-key objects cost no digest each). What
+/// is held is at most [`RAW_LIMIT`] bytes or one running SHA-256 per open
+/// entry, a sum per open object (the nesting depth bounds both), and the
+/// digests of the kept messages.
+///
+/// A key that appears twice in one object is counted twice (a parsed
+/// tree would keep the last); the body walk refuses duplicated judged
+/// fields at the top level, and a duplicate elsewhere only makes another
+/// fingerprint.
+pub struct Fingerprinter<'c> {
+    cfg: &'c LoopConfig,
+    /// The digest of the `endpoint` entry the top-level object starts
+    /// with, unless ignored.
+    endpoint: Option<[u8; 32]>,
+    frames: Vec<Frame>,
+    /// Where values are written: one per open entry and kept message,
+    /// innermost last; none: the root.
+    sinks: Vec<Sink>,
+    /// The streams of the open entries and messages still kept as bytes,
+    /// innermost last.
+    raw: Vec<u8>,
+    root: Sha256,
+    /// Inside a value left out (an ignored key's, or a body that is not
+    /// an object): how many of its containers are open.
+    skip: Option<usize>,
+    /// The top-level object has ended.
+    done: bool,
 }
 
-impl Canonical {
-    fn put(&mut self, bytes: &[u8]) {
-        self.hash.update(bytes);
+/// An entry's or a message's stream is kept as bytes up to this long.
+pub const RAW_LIMIT: usize = 1024;
+
+enum Sink {
+    /// The stream so far is `raw[start..]`.
+    Raw(usize),
+    Hash(Box<Sha256>),
+}
+
+enum Frame {
+    /// An open object: its entries' digests summed, their count;
+    /// `placeholder`: where in `raw` its tag was put (its container's
+    /// stream is kept as bytes); `pending`: its first entry, kept as
+    /// bytes from there, not digested while it may be the only one.
+    Object {
+        sum: [u64; 4],
+        count: u64,
+        top: bool,
+        placeholder: Option<usize>,
+        pending: Option<usize>,
+    },
+    /// An entry whose value is being read; `messages`: the top-level
+    /// `messages`.
+    Entry {
+        messages: bool,
+    },
+    Array,
+    /// The top-level `messages` array: its last entries' digests.
+    Messages(VecDeque<[u8; 32]>),
+    /// An entry of `messages` being read.
+    Message,
+}
+
+/// Written first into every fingerprint: another scheme, another digest.
+const VERSION: &[u8] = b"loopgate loop fingerprint 2\0";
+
+impl<'c> Fingerprinter<'c> {
+    pub fn new(endpoint: &str, cfg: &'c LoopConfig) -> Fingerprinter<'c> {
+        let mut root = Sha256::new();
+        root.update(VERSION);
+        let ignored = cfg.ignore_fields.iter().any(|f| f == "endpoint");
+        let endpoint = (!ignored).then(|| {
+            let mut b = Vec::with_capacity(endpoint.len() + 16);
+            key(&mut b, "endpoint");
+            string(&mut |p| b.extend_from_slice(p), endpoint);
+            Sha256::digest(&b).into()
+        });
+        Fingerprinter {
+            cfg,
+            endpoint,
+            frames: Vec::new(),
+            sinks: Vec::new(),
+            raw: Vec::new(),
+            root,
+            skip: None,
+            done: false,
+        }
     }
 
-    /// A JSON string as serde_json escapes it.
-    fn string(&mut self, s: &str) {
-        let _ = serde_json::to_writer(&mut self.hash, s);
+    /// The fingerprint of the tokens seen. A body that was not one object
+    /// counts as `{}`.
+    pub fn finish(mut self) -> Fingerprint {
+        if !self.done {
+            let (sum, count) = match self.endpoint {
+                Some(e) => (add([0; 4], &e, false), 1),
+                None => ([0; 4], 0),
+            };
+            self.root.update(object_repr(sum, count));
+        }
+        self.root.finalize().into()
     }
 
-    fn value(&mut self, v: &Value, ignored: &impl Fn(&str) -> bool) {
-        match v {
-            // serde_json's map iterates in key order (no preserve_order).
-            Value::Object(map) => self.object(
-                map.iter()
-                    .filter(|(k, _)| !ignored(k))
-                    .map(|(k, v)| (k.as_str(), v)),
-                |h, _, v| h.value(v, ignored),
-            ),
-            Value::Array(a) => self.array(a, ignored),
-            Value::String(s) => {
-                let mut text = std::mem::take(&mut self.text);
-                text.clear();
-                for (i, word) in s.split_whitespace().enumerate() {
-                    if i > 0 {
-                        text.push(' ');
-                    }
-                    text.push_str(word);
+    /// Writes into the innermost stream; one kept as bytes that would
+    /// pass [`RAW_LIMIT`] goes to a running digest first.
+    fn write(&mut self, bytes: &[u8]) {
+        match self.sinks.last_mut() {
+            None => self.root.update(bytes),
+            Some(Sink::Hash(h)) => h.update(bytes),
+            Some(sink @ Sink::Raw(_)) => {
+                let Sink::Raw(start) = *sink else { return };
+                if self.raw.len() - start + bytes.len() > RAW_LIMIT {
+                    let mut h = Box::new(Sha256::new());
+                    h.update(&self.raw[start..]);
+                    h.update(bytes);
+                    self.raw.truncate(start);
+                    *sink = Sink::Hash(h);
+                } else {
+                    self.raw.extend_from_slice(bytes);
                 }
-                self.string(&text);
-                self.text = text;
-            }
-            other => {
-                let _ = serde_json::to_writer(&mut self.hash, other);
             }
         }
     }
 
-    /// An object of `entries` (already in key order, ignored keys already
-    /// dropped), each value written by `value`.
-    fn object<'v>(
+    /// The innermost stream is complete: its digest.
+    fn close_sink(&mut self) -> [u8; 32] {
+        match self.sinks.pop() {
+            Some(Sink::Hash(h)) => h.finalize().into(),
+            Some(Sink::Raw(start)) => {
+                let d = digest(&self.raw[start..]);
+                self.raw.truncate(start);
+                d
+            }
+            None => [0; 32],
+        }
+    }
+
+    /// A value starts: an entry of `messages` gets its own stream.
+    fn value_starts(&mut self) {
+        if let Some(Frame::Messages(_)) = self.frames.last() {
+            self.sinks.push(Sink::Raw(self.raw.len()));
+            self.frames.push(Frame::Message);
+        }
+    }
+
+    /// A value ended: its entry goes into its object (digested, or kept
+    /// as bytes while it may be the only one), a message's digest among
+    /// those kept.
+    fn value_ends(&mut self) {
+        match self.frames.last() {
+            Some(Frame::Entry { .. }) => {
+                self.frames.pop();
+                let Some(Frame::Object {
+                    top,
+                    count,
+                    pending,
+                    ..
+                }) = self.frames.last()
+                else {
+                    return;
+                };
+                if let (false, 0, None, Some(Sink::Raw(start))) =
+                    (*top, *count, pending, self.sinks.last())
+                {
+                    let start = *start;
+                    self.sinks.pop();
+                    if let Some(Frame::Object { count, pending, .. }) = self.frames.last_mut() {
+                        *count = 1;
+                        *pending = Some(start);
+                    }
+                    return;
+                }
+                let digest = self.close_sink();
+                if let Some(Frame::Object { sum, count, .. }) = self.frames.last_mut() {
+                    *sum = add(*sum, &digest, false);
+                    *count += 1;
+                }
+            }
+            Some(Frame::Message) => {
+                self.frames.pop();
+                let digest = self.close_sink();
+                let keep = self.cfg.last_turns.min(MAX_LAST_TURNS);
+                if let Some(Frame::Messages(kept)) = self.frames.last_mut() {
+                    kept.push_back(digest);
+                    while kept.len() > keep {
+                        kept.pop_front();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// An object ended: written into its container's stream as its one
+    /// entry (kept as bytes) or as its count and sum.
+    fn object_ends(
         &mut self,
-        entries: impl Iterator<Item = (&'v str, &'v Value)>,
-        mut value: impl FnMut(&mut Self, &str, &Value),
+        sum: [u64; 4],
+        count: u64,
+        placeholder: Option<usize>,
+        pending: Option<usize>,
     ) {
-        self.put(b"{");
-        for (i, (k, v)) in entries.enumerate() {
-            if i > 0 {
-                self.put(b",");
+        match (pending, placeholder) {
+            (Some(_), Some(_)) => {
+                // `o` and the entry are in place in the container's bytes;
+                // the container may have grown past the limit.
+                self.write(b"");
             }
-            self.string(k);
-            self.put(b":");
-            value(self, k, v);
+            (Some(start), None) => {
+                let entry = self.raw.split_off(start);
+                self.write(b"o");
+                self.write(&entry);
+            }
+            (None, _) => {
+                if let Some(p) = placeholder {
+                    self.raw.truncate(p);
+                }
+                self.write(&object_repr(sum, count));
+            }
         }
-        self.put(b"}");
     }
 
-    fn array(&mut self, a: &[Value], ignored: &impl Fn(&str) -> bool) {
-        self.put(b"[");
-        for (i, v) in a.iter().enumerate() {
-            if i > 0 {
-                self.put(b",");
-            }
-            self.value(v, ignored);
-        }
-        self.put(b"]");
+    fn scalar(&mut self, tag: u8, bytes: [u8; 8]) {
+        self.value_starts();
+        let mut b = [tag, 0, 0, 0, 0, 0, 0, 0, 0];
+        b[1..].copy_from_slice(&bytes);
+        self.write(&b);
+        self.value_ends();
     }
+}
+
+impl TokenSink for Fingerprinter<'_> {
+    fn token(&mut self, t: Token<'_>) {
+        if let Some(open) = &mut self.skip {
+            match t {
+                Token::ObjectStart | Token::ArrayStart => *open += 1,
+                Token::ObjectEnd | Token::ArrayEnd => *open = open.saturating_sub(1),
+                _ => {}
+            }
+            if *open == 0 && !matches!(t, Token::Key(_)) {
+                self.skip = None;
+            }
+            return;
+        }
+        if self.done {
+            return;
+        }
+        if self.frames.is_empty() && t != Token::ObjectStart {
+            // Not an object: the body is left out.
+            self.skip = Some(0);
+            return self.token(t);
+        }
+        match t {
+            Token::ObjectStart => {
+                let top = self.frames.is_empty();
+                self.value_starts();
+                let (sum, count) = match (top, self.endpoint) {
+                    (true, Some(e)) => (add([0; 4], &e, false), 1),
+                    _ => ([0; 4], 0),
+                };
+                let placeholder = match self.sinks.last() {
+                    Some(Sink::Raw(_)) => {
+                        self.raw.push(b'o');
+                        Some(self.raw.len() - 1)
+                    }
+                    _ => None,
+                };
+                self.frames.push(Frame::Object {
+                    sum,
+                    count,
+                    top,
+                    placeholder,
+                    pending: None,
+                });
+            }
+            Token::Key(k) => {
+                if self.cfg.ignore_fields.iter().any(|f| f == k) {
+                    self.skip = Some(0);
+                    return;
+                }
+                let Some(Frame::Object {
+                    sum,
+                    count,
+                    top,
+                    pending,
+                    ..
+                }) = self.frames.last_mut()
+                else {
+                    return;
+                };
+                let top = *top;
+                if let Some(start) = pending.take() {
+                    // A second entry: the first is digested after all.
+                    *sum = add(*sum, &digest(&self.raw[start..]), false);
+                    self.raw.truncate(start);
+                }
+                if top && k == "endpoint" {
+                    // The body's `endpoint` replaces the request's.
+                    if let Some(e) = self.endpoint.take() {
+                        *sum = add(*sum, &e, true);
+                        *count -= 1;
+                    }
+                }
+                self.sinks.push(Sink::Raw(self.raw.len()));
+                if k.len() + 2 <= RAW_LIMIT {
+                    key(&mut self.raw, k);
+                } else {
+                    let mut b = Vec::with_capacity(k.len() + 2);
+                    key(&mut b, k);
+                    self.write(&b);
+                }
+                self.frames.push(Frame::Entry {
+                    messages: top && k == "messages",
+                });
+            }
+            Token::ObjectEnd => {
+                if let Some(Frame::Object {
+                    sum,
+                    count,
+                    top,
+                    placeholder,
+                    pending,
+                }) = self.frames.pop()
+                {
+                    self.object_ends(sum, count, placeholder, pending);
+                    self.done = top;
+                }
+                self.value_ends();
+            }
+            Token::ArrayStart => match self.frames.last() {
+                Some(Frame::Entry { messages: true }) => {
+                    self.frames.push(Frame::Messages(VecDeque::new()));
+                }
+                _ => {
+                    self.value_starts();
+                    self.write(b"[");
+                    self.frames.push(Frame::Array);
+                }
+            },
+            Token::ArrayEnd => {
+                match self.frames.pop() {
+                    Some(Frame::Messages(kept)) => {
+                        self.write(b"M");
+                        self.write(&(kept.len() as u64).to_le_bytes());
+                        for d in &kept {
+                            self.write(d);
+                        }
+                    }
+                    _ => self.write(b"]"),
+                }
+                self.value_ends();
+            }
+            Token::Str(s) => {
+                self.value_starts();
+                string(&mut |p| self.write(p), s);
+                self.value_ends();
+            }
+            Token::U64(n) => self.scalar(b'u', n.to_le_bytes()),
+            // A non-negative integer reads as U64 (as a `Value` holds it).
+            Token::I64(n) if n >= 0 => self.scalar(b'u', (n as u64).to_le_bytes()),
+            Token::I64(n) => self.scalar(b'i', n.to_le_bytes()),
+            Token::F64(n) => self.scalar(b'f', n.to_bits().to_le_bytes()),
+            Token::Bool(b) => self.scalar(if b { b'T' } else { b'F' }, [0; 8]),
+            Token::Null => self.scalar(b'n', [0; 8]),
+        }
+    }
+}
+
+/// SHA-256 of `bytes`; one that fits one block (most entries) padded here
+/// and compressed once, without the hasher's buffering.
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    const IV: [u32; 8] = [
+        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+        0x5be0cd19,
+    ];
+    if bytes.len() > 55 {
+        return Sha256::digest(bytes).into();
+    }
+    let mut block = [0u8; 64];
+    block[..bytes.len()].copy_from_slice(bytes);
+    block[bytes.len()] = 0x80;
+    block[56..].copy_from_slice(&(bytes.len() as u64 * 8).to_be_bytes());
+    let mut state = IV;
+    sha2::compress256(&mut state, &[block.into()]);
+    let mut out = [0u8; 32];
+    for (o, w) in out.chunks_exact_mut(4).zip(state) {
+        o.copy_from_slice(&w.to_be_bytes());
+    }
+    out
+}
+
+/// An object of more than one entry (or one too long to keep as bytes):
+/// its count and sum.
+fn object_repr(sum: [u64; 4], count: u64) -> [u8; 42] {
+    let mut repr = [0u8; 42];
+    repr[0] = b'{';
+    repr[1..9].copy_from_slice(&count.to_le_bytes());
+    for (i, limb) in sum.iter().enumerate() {
+        repr[9 + 8 * i..17 + 8 * i].copy_from_slice(&limb.to_le_bytes());
+    }
+    repr[41] = b'}';
+    repr
+}
+
+/// `sum` plus (or minus) a digest, per 64-bit limb.
+fn add(mut sum: [u64; 4], digest: &[u8; 32], minus: bool) -> [u64; 4] {
+    for (i, limb) in sum.iter_mut().enumerate() {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&digest[8 * i..8 * i + 8]);
+        let d = u64::from_le_bytes(b);
+        *limb = if minus {
+            limb.wrapping_sub(d)
+        } else {
+            limb.wrapping_add(d)
+        };
+    }
+    sum
+}
+
+/// A key: its bytes as they are.
+fn key(out: &mut Vec<u8>, k: &str) {
+    out.push(b'k');
+    out.extend_from_slice(k.as_bytes());
+    out.push(0xFF);
+}
+
+/// A string with its runs of whitespace collapsed to one space and none
+/// at either end, written in as few pieces as the text allows.
+fn string(write: &mut dyn FnMut(&[u8]), s: &str) {
+    write(b"s");
+    let base = s.as_ptr() as usize;
+    let mut run: Option<(usize, usize)> = None;
+    for word in s.split_whitespace() {
+        let from = word.as_ptr() as usize - base;
+        let to = from + word.len();
+        run = Some(match run {
+            // One space between: the run goes on as written.
+            Some((a, b)) if from == b + 1 && s.as_bytes()[b] == b' ' => (a, to),
+            Some((a, b)) => {
+                write(&s.as_bytes()[a..b]);
+                write(b" ");
+                (from, to)
+            }
+            None => (from, to),
+        });
+    }
+    if let Some((a, b)) = run {
+        write(&s.as_bytes()[a..b]);
+    }
+    write(&[0xFF]);
 }
 
 /// Whether the ring's tail, with `next` appended, is a block repeated
@@ -337,10 +707,10 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::json;
 
-    /// The fingerprint as first written: build the canonical tree, then
-    /// serialise it. `fingerprint` must hash exactly the same bytes (rings
-    /// shared through Redis hold fingerprints from every instance).
-    fn reference(endpoint: &str, body: &Value, cfg: &LoopConfig) -> Fingerprint {
+    /// The canonical form as first written (the tree the fingerprint
+    /// used to hash the serialisation of): two bodies must have one
+    /// fingerprint exactly when they have one canonical form.
+    fn reference(endpoint: &str, body: &Value, cfg: &LoopConfig) -> Vec<u8> {
         fn canonicalize(v: Value, ignore: &[String]) -> Value {
             match v {
                 Value::Object(map) => Value::Object(
@@ -376,7 +746,47 @@ mod tests {
             }
         }
         let canonical = canonicalize(Value::Object(meaningful), &cfg.ignore_fields);
-        Sha256::digest(serde_json::to_vec(&canonical).unwrap()).into()
+        serde_json::to_vec(&canonical).unwrap()
+    }
+
+    /// The fingerprint of JSON text, from its tokens as a reader meets
+    /// them (keys in the text's order).
+    fn streamed(endpoint: &str, text: &[u8], cfg: &LoopConfig) -> Fingerprint {
+        let mut f = Fingerprinter::new(endpoint, cfg);
+        loopgate_policy::tokens::read(text, &mut f).unwrap();
+        f.finish()
+    }
+
+    /// `v` written with its keys in reverse order, ignored fields added
+    /// to every object and whitespace runs in strings lengthened.
+    fn noisy(v: &Value) -> String {
+        match v {
+            Value::Object(map) => {
+                let mut parts: Vec<String> = map
+                    .iter()
+                    .rev()
+                    .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), noisy(v)))
+                    .collect();
+                parts.push(r#""request_id": {"at": [1, "x"]}"#.into());
+                parts.insert(0, r#""seed" : 7"#.into());
+                format!("{{ {} }}", parts.join(" ,\n "))
+            }
+            Value::Array(a) => {
+                let items: Vec<String> = a.iter().map(noisy).collect();
+                format!("[ {} ]", items.join(", "))
+            }
+            Value::String(s) => {
+                let spaced: String = s
+                    .chars()
+                    .flat_map(|c| match c {
+                        ' ' => vec![' ', '\t', ' '],
+                        c => vec![c],
+                    })
+                    .collect();
+                Value::String(format!("  {spaced}\n")).to_string()
+            }
+            other => other.to_string(),
+        }
     }
 
     fn json_value() -> impl Strategy<Value = Value> {
@@ -402,12 +812,44 @@ mod tests {
     }
 
     proptest! {
+        /// One fingerprint exactly for one canonical form: for any two
+        /// bodies, and for a body and the same call written with other
+        /// key order, layout, whitespace and ignored fields; read from
+        /// text as from a tree.
         #[test]
-        fn streamed_fingerprint_hashes_the_reference_bytes(body in json_value(), turns in 0usize..4) {
+        fn fingerprints_agree_with_the_canonical_form(
+            a in json_value(),
+            b in json_value(),
+            turns in 0usize..4,
+        ) {
             let cfg = LoopConfig { last_turns: turns, ..LoopConfig::default() };
+            let e = "/v1/chat/completions";
             prop_assert_eq!(
-                fingerprint("/v1/chat/completions", &body, &cfg),
-                reference("/v1/chat/completions", &body, &cfg)
+                fingerprint(e, &a, &cfg) == fingerprint(e, &b, &cfg),
+                reference(e, &a, &cfg) == reference(e, &b, &cfg)
+            );
+            // Read back from text (a float may come back an ulp apart:
+            // the gateway reads every body from text).
+            let text = serde_json::to_vec(&a).unwrap();
+            let parsed: Value = serde_json::from_slice(&text).unwrap();
+            let fp = fingerprint(e, &parsed, &cfg);
+            prop_assert_eq!(streamed(e, &text, &cfg), fp);
+            let noisy = noisy(&parsed);
+            let again: Value = serde_json::from_str(&noisy).unwrap();
+            prop_assert_eq!(reference(e, &again, &cfg), reference(e, &parsed, &cfg));
+            prop_assert_eq!(fingerprint(e, &again, &cfg), fp);
+            prop_assert_eq!(streamed(e, noisy.as_bytes(), &cfg), fp);
+        }
+    }
+
+    #[test]
+    fn small_digests_are_sha256() {
+        for n in 0..130 {
+            let bytes: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
+            assert_eq!(
+                digest(&bytes),
+                <[u8; 32]>::from(Sha256::digest(&bytes)),
+                "{n}"
             );
         }
     }
@@ -416,14 +858,56 @@ mod tests {
     fn endpoint_key_rules_match_the_reference() {
         let mut cfg = LoopConfig::default();
         let body = json!({"endpoint": "x", "model": "m"});
-        assert_eq!(fingerprint("/e", &body, &cfg), reference("/e", &body, &cfg));
+        let same = |a: (&str, &Value), b: (&str, &Value), cfg: &LoopConfig| {
+            let by_fp = fingerprint(a.0, a.1, cfg) == fingerprint(b.0, b.1, cfg);
+            assert_eq!(by_fp, reference(a.0, a.1, cfg) == reference(b.0, b.1, cfg));
+            by_fp
+        };
+        // The body's `endpoint` replaces the request's.
+        assert!(same(("/e", &body), ("x", &json!({"model": "m"})), &cfg));
+        assert!(same(("/e", &body), ("/f", &body), &cfg));
+        assert!(!same(
+            ("/e", &json!({"model": "m"})),
+            ("/f", &json!({"model": "m"})),
+            &cfg
+        ));
         cfg.ignore_fields.push("endpoint".into());
-        assert_eq!(fingerprint("/e", &body, &cfg), reference("/e", &body, &cfg));
+        assert!(same(("/e", &body), ("/f", &json!({"model": "m"})), &cfg));
+        // A body that is not an object counts as `{}`.
         let not_object = json!([1, 2]);
-        assert_eq!(
-            fingerprint("/e", &not_object, &cfg),
-            reference("/e", &not_object, &cfg)
+        assert!(same(("/e", &not_object), ("/e", &json!({})), &cfg));
+        assert!(same(("/e", &not_object), ("/e", &json!("text")), &cfg));
+    }
+
+    #[test]
+    fn fingerprinting_holds_digests_not_the_body() {
+        // 2,000 chains of 60 nested objects and 100,000 keys in one
+        // object: what is held is one digest per open container, and
+        // the kept messages' digests, whatever the body's size.
+        let chain = format!("{}1{}", r#"{"a":"#.repeat(60), "}".repeat(60));
+        let chains = format!(
+            r#"{{"model":"m","messages":[{}]}}"#,
+            vec![chain.as_str(); 2000].join(",")
         );
+        let keys: Vec<String> = (0..100_000).map(|i| format!(r#""k{i}":{i}"#)).collect();
+        let wide = format!(r#"{{"model":"m","x":{{{}}}}}"#, keys.join(","));
+        let cfg = LoopConfig::default();
+        for text in [chains, wide] {
+            let mut f = Fingerprinter::new("/e", &cfg);
+            let mut most = (0, 0);
+            struct Watch<'a, 'c>(&'a mut Fingerprinter<'c>, &'a mut (usize, usize));
+            impl TokenSink for Watch<'_, '_> {
+                fn token(&mut self, t: Token<'_>) {
+                    self.0.token(t);
+                    self.1 .0 = self.1 .0.max(self.0.frames.len());
+                    self.1 .1 = self.1 .1.max(self.0.raw.len());
+                }
+            }
+            loopgate_policy::tokens::read(text.as_bytes(), &mut Watch(&mut f, &mut most)).unwrap();
+            assert!(most.0 <= 2 * 64 && most.1 <= 64 * RAW_LIMIT, "{most:?}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(f.finish(), fingerprint("/e", &v, &cfg));
+        }
     }
 
     const S: Duration = Duration::from_secs(1);

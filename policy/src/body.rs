@@ -76,9 +76,9 @@
 
 use crate::decision::{Deny, DenyCode};
 use crate::endpoint::Endpoint;
-use crate::normalize::normalize_into;
 use crate::output::{LimitField, LimitFields};
-use crate::phrases::PhraseMatcher;
+use crate::phrases::{PhraseMatcher, PhraseSearch};
+use crate::tokens::{Token, TokenSink};
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use std::fmt;
 
@@ -200,9 +200,30 @@ pub fn inspect_body(
     body: &[u8],
     phrases: Option<&PhraseMatcher>,
 ) -> Result<BodyFacts, Deny> {
+    inspect_body_with(endpoint, body, phrases, &mut NoTokens)
+}
+
+/// A sink that takes nothing: [`inspect_body`]'s, compiled away.
+pub struct NoTokens;
+
+impl TokenSink for NoTokens {
+    #[inline(always)]
+    fn token(&mut self, _: Token<'_>) {}
+}
+
+/// [`inspect_body`], handing every token of the body, in order, to `sink`
+/// as the one pass reads it (for the loop guard's fingerprint). What
+/// `sink` has seen of a refused body is partial.
+pub fn inspect_body_with<'a, S: TokenSink + ?Sized>(
+    endpoint: Endpoint,
+    body: &[u8],
+    phrases: Option<&'a PhraseMatcher>,
+    sink: &'a mut S,
+) -> Result<BodyFacts, Deny> {
     let mut walk = Walk {
         scan: TextScan::new(phrases, body.len()),
         fail: None,
+        sink,
     };
     let raw = {
         let mut de = serde_json::Deserializer::from_slice(body);
@@ -220,7 +241,7 @@ pub fn inspect_body(
             }
         }
     };
-    walk.scan.search();
+    let blocked_phrase = walk.scan.finish();
     let model = match raw.model {
         None => {
             return Err(Deny::new(
@@ -362,7 +383,7 @@ pub fn inspect_body(
         max_tokens_field: endpoint.max_tokens_field().map(|f| null_field.unwrap_or(f)),
         n,
         text_bytes: walk.scan.bytes,
-        blocked_phrase: walk.scan.found,
+        blocked_phrase,
     })
 }
 
@@ -672,12 +693,19 @@ fn choice_map(at: &str, f: &Fields, declared: &[Declared], top: bool) -> Result<
 
 /// The walk's shared state: the text scan, and the refusal that stopped
 /// it (serde errors carry only text; this keeps the code and message).
-struct Walk<'m> {
+struct Walk<'m, S: TokenSink + ?Sized> {
     scan: TextScan<'m>,
     fail: Option<Deny>,
+    /// Takes every token as the walk reads it.
+    sink: &'m mut S,
 }
 
-impl Walk<'_> {
+impl<S: TokenSink + ?Sized> Walk<'_, S> {
+    #[inline(always)]
+    fn token(&mut self, t: Token<'_>) {
+        self.sink.token(t);
+    }
+
     fn refuse<E: de::Error>(&mut self, code: DenyCode, msg: String) -> E {
         self.fail = Some(Deny::new(code, msg));
         E::custom("refused")
@@ -718,35 +746,24 @@ struct RawFacts {
 
 /// Accumulates text size and the first blocked phrase.
 ///
-/// Short strings are normalised, joined (NUL-separated; normalisation
-/// removes NUL and no phrase holds one, so no match can span two strings)
-/// and searched together: each search has a fixed cost (~400 instructions
-/// with 100 phrases, callgrind) that dominated for the short strings a
-/// conversation is made of. The first phrase in document order is still
-/// the one found.
+/// Every string is normalised and searched as it comes, all of a body's
+/// strings as one text ([`PhraseSearch`]: joined with NUL, which
+/// normalisation removes and no phrase holds, so no match can span two
+/// strings), through a window of bounded size: short strings share one
+/// search (each search has a fixed cost, ~400 instructions with 100
+/// phrases, callgrind, that dominated for the short strings a
+/// conversation is made of), and a long one is never copied whole. The
+/// first phrase in document order is the one found.
 struct TextScan<'m> {
-    matcher: Option<&'m PhraseMatcher>,
+    search: Option<PhraseSearch<'m>>,
     bytes: usize,
-    found: Option<usize>,
-    joined: String,
-    /// Reused for the normalised form of a long string.
-    scratch: String,
-    /// The body's length: an upper bound for its text.
-    hint: usize,
 }
-
-/// Text gathered before one search; a longer string is searched on its own.
-const JOIN_UP_TO: usize = 4096;
 
 impl TextScan<'_> {
     fn new(matcher: Option<&PhraseMatcher>, hint: usize) -> TextScan<'_> {
         TextScan {
-            matcher,
+            search: matcher.map(|m| PhraseSearch::new(m, hint)),
             bytes: 0,
-            found: None,
-            joined: String::new(),
-            scratch: String::new(),
-            hint,
         }
     }
 
@@ -758,42 +775,20 @@ impl TextScan<'_> {
 
     /// Searches `s` (normalised first) without counting it as text.
     fn scan(&mut self, s: &str) {
-        let Some(m) = self.matcher else { return };
-        if self.found.is_some() {
-            return;
+        if let Some(search) = &mut self.search {
+            search.push(s);
         }
-        if self.joined.len() + s.len() >= JOIN_UP_TO {
-            self.search();
-            if s.len() >= JOIN_UP_TO {
-                if self.found.is_none() {
-                    let mut one = std::mem::take(&mut self.scratch);
-                    one.clear();
-                    normalize_into(s, &mut one);
-                    self.found = m.find_normalized(&one);
-                    self.scratch = one;
-                }
-                return;
-            }
-        }
-        if self.joined.capacity() == 0 {
-            // One allocation for the whole body's short text, not one per
-            // doubling.
-            self.joined.reserve(self.hint.min(JOIN_UP_TO));
-        }
-        normalize_into(s, &mut self.joined);
-        self.joined.push('\0');
     }
 
-    /// Searches the joined text; called once more when the body ends.
-    fn search(&mut self) {
-        if let (None, Some(m)) = (self.found, self.matcher) {
-            if !self.joined.is_empty() {
-                self.found = m.find_normalized(&self.joined);
-            }
-        }
-        self.joined.clear();
+    /// The first phrase found in all the text; called when the body ends.
+    fn finish(&mut self) -> Option<usize> {
+        self.search.as_mut().and_then(|s| s.finish())
     }
 }
+
+/// How long a string the tests make to cross a search window.
+#[cfg(test)]
+const JOIN_UP_TO: usize = crate::phrases::WINDOW;
 
 /// Refuses every non-object body.
 macro_rules! not_object {
@@ -806,11 +801,11 @@ macro_rules! not_object {
 
 const NOT_OBJECT: &str = "request body must be a JSON object";
 
-struct FactsVisitor<'a, 'm> {
-    walk: &'a mut Walk<'m>,
+struct FactsVisitor<'a, 'm, S: TokenSink + ?Sized> {
+    walk: &'a mut Walk<'m, S>,
 }
 
-impl<'de> Visitor<'de> for FactsVisitor<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> Visitor<'de> for FactsVisitor<'_, '_, S> {
     type Value = RawFacts;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -820,7 +815,7 @@ impl<'de> Visitor<'de> for FactsVisitor<'_, '_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawFacts, A::Error> {
         let walk = self.walk;
         let mut facts = RawFacts::default();
-        let dup = |walk: &mut Walk, name: &str| {
+        let dup = |walk: &mut Walk<S>, name: &str| {
             walk.refuse::<A::Error>(
                 DenyCode::InvalidJson,
                 format!("duplicate field `{name}` in request body"),
@@ -828,7 +823,8 @@ impl<'de> Visitor<'de> for FactsVisitor<'_, '_> {
         };
         // The top-level object is level 1; its values start at level 2.
         let depth = 2;
-        while let Some(key) = map.next_key::<KeyName>()? {
+        walk.token(Token::ObjectStart);
+        while let Some(key) = map.next_key_seed(TopKey(&mut *walk))? {
             let slot = match key {
                 KeyName::Model => {
                     if facts.model.is_some() {
@@ -900,6 +896,7 @@ impl<'de> Visitor<'de> for FactsVisitor<'_, '_> {
             }
             *slot = Some(map.next_value_seed(Val::new(walk, depth, Strs::Scan))?);
         }
+        walk.token(Token::ObjectEnd);
         Ok(facts)
     }
 
@@ -1022,19 +1019,26 @@ impl KeyName {
     }
 }
 
-impl<'de> de::Deserialize<'de> for KeyName {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = KeyName;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<KeyName, E> {
-                Ok(KeyName::of(s))
-            }
-        }
-        d.deserialize_str(V)
+/// A top-level key: handed to the sink, told apart.
+struct TopKey<'a, 'm, S: TokenSink + ?Sized>(&'a mut Walk<'m, S>);
+
+impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for TopKey<'_, '_, S> {
+    type Value = KeyName;
+    #[inline]
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<KeyName, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<S: TokenSink + ?Sized> Visitor<'_> for TopKey<'_, '_, S> {
+    type Value = KeyName;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a key")
+    }
+    #[inline]
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<KeyName, E> {
+        self.0.token(Token::Key(s));
+        Ok(KeyName::of(s))
     }
 }
 
@@ -1077,31 +1081,32 @@ enum Strs {
 /// Reads any value into a [`Kind`], walking containers depth-counted with
 /// every string inside them (at any depth) and every key measured and
 /// searched.
-struct Val<'a, 'm> {
-    walk: &'a mut Walk<'m>,
+struct Val<'a, 'm, S: TokenSink + ?Sized> {
+    walk: &'a mut Walk<'m, S>,
     depth: usize,
     strs: Strs,
 }
 
-impl<'a, 'm> Val<'a, 'm> {
-    fn new(walk: &'a mut Walk<'m>, depth: usize, strs: Strs) -> Val<'a, 'm> {
+impl<'a, 'm, S: TokenSink + ?Sized> Val<'a, 'm, S> {
+    fn new(walk: &'a mut Walk<'m, S>, depth: usize, strs: Strs) -> Val<'a, 'm, S> {
         Val { walk, depth, strs }
     }
 }
 
-impl<'de> DeserializeSeed<'de> for Val<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for Val<'_, '_, S> {
     type Value = Kind;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Kind, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Val<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> Visitor<'de> for Val<'_, '_, S> {
     type Value = Kind;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Kind, E> {
+        self.walk.token(Token::Str(s));
         if self.strs != Strs::Keep {
             self.walk.scan.text(s);
         }
@@ -1111,22 +1116,28 @@ impl<'de> Visitor<'de> for Val<'_, '_> {
         }))
     }
     fn visit_bool<E: de::Error>(self, b: bool) -> Result<Kind, E> {
+        self.walk.token(Token::Bool(b));
         Ok(Kind::Bool(b))
     }
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<Kind, E> {
+        self.walk.token(Token::I64(n));
         Ok(Kind::Number(u64::try_from(n).ok()))
     }
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Kind, E> {
+        self.walk.token(Token::U64(n));
         Ok(Kind::Number(Some(n)))
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Kind, E> {
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<Kind, E> {
+        self.walk.token(Token::F64(n));
         Ok(Kind::Number(None))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Kind, E> {
+        self.walk.token(Token::Null);
         Ok(Kind::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Kind, A::Error> {
         self.walk.enter(self.depth)?;
+        self.walk.token(Token::ArrayStart);
         let mut n = 0;
         while seq
             .next_element_seed(Val::new(self.walk, self.depth + 1, Strs::Scan))?
@@ -1134,33 +1145,39 @@ impl<'de> Visitor<'de> for Val<'_, '_> {
         {
             n += 1;
         }
+        self.walk.token(Token::ArrayEnd);
         Ok(Kind::Array(n))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Kind, A::Error> {
         self.walk.enter(self.depth)?;
+        self.walk.token(Token::ObjectStart);
         while map.next_key_seed(ScanKey(self.walk))?.is_some() {
             map.next_value_seed(Val::new(self.walk, self.depth + 1, Strs::Scan))?;
         }
+        self.walk.token(Token::ObjectEnd);
         Ok(Kind::Object)
     }
 }
 
 /// A key below the top level: searched, not counted as text.
-struct ScanKey<'a, 'm>(&'a mut Walk<'m>);
+struct ScanKey<'a, 'm, S: TokenSink + ?Sized>(&'a mut Walk<'m, S>);
 
-impl<'de> DeserializeSeed<'de> for ScanKey<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for ScanKey<'_, '_, S> {
     type Value = ();
+    #[inline]
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_str(self)
     }
 }
 
-impl Visitor<'_> for ScanKey<'_, '_> {
+impl<S: TokenSink + ?Sized> Visitor<'_> for ScanKey<'_, '_, S> {
     type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a key")
     }
+    #[inline]
     fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
+        self.0.token(Token::Key(s));
         self.0.scan.scan(s);
         Ok(())
     }
@@ -1223,41 +1240,47 @@ enum List {
 
 /// Reads a tool-bearing object's keys (per [`Ctx`]); any other value is
 /// walked (scanned, depth-counted) and reported by kind.
-struct ObjSeed<'a, 'm> {
-    walk: &'a mut Walk<'m>,
+struct ObjSeed<'a, 'm, S: TokenSink + ?Sized> {
+    walk: &'a mut Walk<'m, S>,
     depth: usize,
     ctx: Ctx,
 }
 
-impl<'de> DeserializeSeed<'de> for ObjSeed<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for ObjSeed<'_, '_, S> {
     type Value = Obj;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Obj, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for ObjSeed<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ObjSeed<'_, '_, S> {
     type Value = Obj;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a tool object")
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Obj, E> {
+        self.walk.token(Token::Str(s));
         self.walk.scan.text(s);
         Ok(Obj::Str(s.to_string()))
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Obj, E> {
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Obj, E> {
+        self.walk.token(Token::Bool(b));
         Ok(Obj::Other("a boolean"))
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Obj, E> {
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Obj, E> {
+        self.walk.token(Token::I64(n));
         Ok(Obj::Other("a number"))
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Obj, E> {
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Obj, E> {
+        self.walk.token(Token::U64(n));
         Ok(Obj::Other("a number"))
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Obj, E> {
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<Obj, E> {
+        self.walk.token(Token::F64(n));
         Ok(Obj::Other("a number"))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Obj, E> {
+        self.walk.token(Token::Null);
         Ok(Obj::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Obj, A::Error> {
@@ -1270,7 +1293,9 @@ impl<'de> Visitor<'de> for ObjSeed<'_, '_> {
         let depth = self.depth + 1;
         let mut f = Fields::default();
         let tool = matches!(self.ctx, Ctx::Tool | Ctx::Choice);
+        walk.token(Token::ObjectStart);
         while let Some(key) = map.next_key::<String>()? {
+            walk.token(Token::Key(&key));
             walk.scan.scan(&key);
             let kind_slot = match key.as_str() {
                 "type" if tool => Some(&mut f.ty),
@@ -1330,47 +1355,54 @@ impl<'de> Visitor<'de> for ObjSeed<'_, '_> {
             }
             map.next_value_seed(Val::new(walk, depth, Strs::Scan))?;
         }
+        walk.token(Token::ObjectEnd);
         Ok(Obj::Map(f))
     }
 }
 
 /// Reads a list of tool-bearing objects; any other value is walked and
 /// reported by kind.
-struct ListSeed<'a, 'm> {
-    walk: &'a mut Walk<'m>,
+struct ListSeed<'a, 'm, S: TokenSink + ?Sized> {
+    walk: &'a mut Walk<'m, S>,
     depth: usize,
     ctx: Ctx,
 }
 
-impl<'de> DeserializeSeed<'de> for ListSeed<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for ListSeed<'_, '_, S> {
     type Value = List;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<List, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for ListSeed<'_, '_> {
+impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ListSeed<'_, '_, S> {
     type Value = List;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an array of tools")
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<List, E> {
+        self.walk.token(Token::Str(s));
         self.walk.scan.text(s);
         Ok(List::Other("a string"))
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<List, E> {
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<List, E> {
+        self.walk.token(Token::Bool(b));
         Ok(List::Other("a boolean"))
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<List, E> {
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<List, E> {
+        self.walk.token(Token::I64(n));
         Ok(List::Other("a number"))
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<List, E> {
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<List, E> {
+        self.walk.token(Token::U64(n));
         Ok(List::Other("a number"))
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<List, E> {
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<List, E> {
+        self.walk.token(Token::F64(n));
         Ok(List::Other("a number"))
     }
     fn visit_unit<E: de::Error>(self) -> Result<List, E> {
+        self.walk.token(Token::Null);
         Ok(List::Null)
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<List, A::Error> {
@@ -1379,6 +1411,7 @@ impl<'de> Visitor<'de> for ListSeed<'_, '_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<List, A::Error> {
         self.walk.enter(self.depth)?;
+        self.walk.token(Token::ArrayStart);
         let mut items = Vec::new();
         while let Some(item) = seq.next_element_seed(ObjSeed {
             walk: &mut *self.walk,
@@ -1387,6 +1420,7 @@ impl<'de> Visitor<'de> for ListSeed<'_, '_> {
         })? {
             items.push(item);
         }
+        self.walk.token(Token::ArrayEnd);
         Ok(List::Items(items))
     }
 }
@@ -2128,6 +2162,33 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A sink sees every token of an admitted body, in order, as a
+        /// plain read of it gives them; with a sink or without, the facts
+        /// are the same.
+        #[test]
+        fn the_sink_sees_the_tokens_of_the_body(v in arb_json()) {
+            #[derive(Default)]
+            struct Collect(Vec<String>);
+            impl TokenSink for Collect {
+                fn token(&mut self, t: Token<'_>) {
+                    self.0.push(format!("{t:?}"));
+                }
+            }
+            let serde_json::Value::Object(mut o) = v else { return Ok(()) };
+            o.insert("model".into(), "m".into());
+            let bytes = serde_json::to_vec(&o).unwrap();
+            for e in Endpoint::ALL {
+                let mut seen = Collect::default();
+                let with = inspect_body_with(e, &bytes, None, &mut seen);
+                proptest::prop_assert_eq!(&with, &inspect_body(e, &bytes, None));
+                if with.is_ok() {
+                    let mut read = Collect::default();
+                    crate::tokens::read(&bytes, &mut read).unwrap();
+                    proptest::prop_assert_eq!(&seen.0, &read.0);
+                }
+            }
+        }
+
         /// Inspection never panics on any JSON value, as a body or inside
         /// one, with a phrase matcher or without.
         #[test]

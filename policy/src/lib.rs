@@ -46,11 +46,12 @@ pub mod rewrite;
 pub mod rules;
 pub mod store;
 pub mod streak;
+pub mod tokens;
 pub mod uri;
 pub mod usage;
 pub mod watchdog;
 
-pub use body::{inspect_body, BodyFacts};
+pub use body::{inspect_body, inspect_body_with, BodyFacts, NoTokens};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{clip, Deny, DenyCode};
 pub use endpoint::Endpoint;
@@ -67,6 +68,7 @@ pub use store::{
     MAX_SESSIONS, SESSION_PREFIX, SLICES,
 };
 pub use streak::Streak;
+pub use tokens::{Token, TokenSink};
 pub use usage::{Usage, UsageScanner};
 pub use watchdog::{Level, Reading, RedAction, Thresholds, WatchdogConfig};
 

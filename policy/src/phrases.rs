@@ -12,15 +12,26 @@
 //! both; what it adds is text that looks like a phrase. A phrase is also trimmed
 //! after normalisation: its leading and trailing spaces would only make it
 //! miss at the start or end of a string.
+//!
+//! Text is searched as it is normalised ([`PhraseSearch`]), through a
+//! window of about [`WINDOW`] bytes: however long a string and however
+//! much normalisation expands it (U+FDFA becomes 18 characters), what is
+//! held at once stays that size, and the phrase found is the one a search
+//! of the whole normalised text finds.
 
-use crate::normalize::{normalize, normalize_into, prepare};
+use crate::normalize::{normalize, normalize_streaming, prepare};
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 
 #[derive(Debug)]
 pub struct PhraseMatcher {
     ac: AhoCorasick,
     phrases: Vec<String>,
+    /// The longest normalised phrase, in bytes.
+    longest: usize,
 }
+
+/// Normalised text searched at once, unless a phrase is longer.
+pub const WINDOW: usize = 32 * 1024;
 
 impl PhraseMatcher {
     pub fn new<S: AsRef<str>>(phrases: &[S]) -> Result<PhraseMatcher, String> {
@@ -45,14 +56,19 @@ impl PhraseMatcher {
             .match_kind(MatchKind::LeftmostFirst)
             .build(&patterns)
             .map_err(|e| format!("cannot build the phrase matcher: {e}"))?;
-        Ok(PhraseMatcher { ac, phrases })
+        let longest = patterns.iter().map(|p| p.len()).max().unwrap_or(0);
+        Ok(PhraseMatcher {
+            ac,
+            phrases,
+            longest,
+        })
     }
 
     /// The index of the first phrase found in `text`, normalised here.
     pub fn find(&self, text: &str) -> Option<usize> {
-        let mut n = String::with_capacity(text.len());
-        normalize_into(text, &mut n);
-        self.find_normalized(&n)
+        let mut search = PhraseSearch::new(self, text.len());
+        search.push(text);
+        search.finish()
     }
 
     /// The index of the first phrase found in text that has already been
@@ -73,6 +89,109 @@ impl PhraseMatcher {
 
     pub fn is_empty(&self) -> bool {
         self.phrases.is_empty()
+    }
+}
+
+/// A search of several strings, each normalised and searched as it comes:
+/// the first phrase found in their text in order, no match spanning two
+/// of them (they are joined with NUL, which normalisation removes and no
+/// phrase holds).
+///
+/// Normalised text is searched whenever [`WINDOW`] bytes of it are held,
+/// and all of it dropped but the tail a longer match may still start in
+/// (one byte short of the longest phrase). A match found in a window is
+/// taken only when the longest phrase starting where it starts would also
+/// fit in the window; else the search waits for more text. So the phrase
+/// found is the leftmost-first match of the whole text, as one search of
+/// it would report, and the cost per byte does not depend on how the text
+/// is cut.
+pub struct PhraseSearch<'m> {
+    matcher: &'m PhraseMatcher,
+    text: String,
+    window: usize,
+    /// Bytes to reserve on the first string (the most text there can be).
+    hint: usize,
+    found: Option<usize>,
+}
+
+impl<'m> PhraseSearch<'m> {
+    /// A search with `matcher`, for text of at most about `hint` bytes.
+    pub fn new(matcher: &'m PhraseMatcher, hint: usize) -> PhraseSearch<'m> {
+        PhraseSearch {
+            matcher,
+            text: String::new(),
+            window: WINDOW.max(2 * matcher.longest),
+            hint,
+            found: None,
+        }
+    }
+
+    /// Normalises and searches `s`, apart from the strings before it.
+    pub fn push(&mut self, s: &str) {
+        if self.found.is_some() {
+            return;
+        }
+        if self.text.capacity() == 0 {
+            // One allocation for a body's short text, not one per doubling.
+            self.text
+                .reserve(self.hint.min(self.window + crate::normalize::PIECE));
+        }
+        if s.len() <= crate::normalize::PIECE && self.text.len() < self.window && s.is_ascii() {
+            // The usual short string: no window to mind while it is written.
+            crate::normalize::normalize_ascii(s, &mut self.text);
+        } else {
+            let (matcher, found) = (self.matcher, &mut self.found);
+            normalize_streaming(s, &mut self.text, self.window, &mut |text| {
+                matcher.drain(text, found)
+            });
+        }
+        self.text.push('\0');
+        if self.text.len() >= self.window {
+            self.matcher.drain(&mut self.text, &mut self.found);
+        }
+    }
+
+    /// The phrase found, if any (one found before the end is final).
+    pub fn found(&self) -> Option<usize> {
+        self.found
+    }
+
+    /// Searches what is left; the first phrase found in all the text.
+    pub fn finish(&mut self) -> Option<usize> {
+        if self.found.is_none() && !self.text.is_empty() {
+            self.found = self.matcher.search_window(&mut self.text, true);
+        }
+        self.text.clear();
+        self.found
+    }
+}
+
+impl PhraseMatcher {
+    /// Searches a full window, or drops it once a phrase was found.
+    fn drain(&self, text: &mut String, found: &mut Option<usize>) {
+        match found {
+            None => *found = self.search_window(text, false),
+            Some(_) => text.clear(),
+        }
+    }
+
+    /// Searches a window of normalised text (see [`PhraseSearch`]): a
+    /// match no longer phrase could displace, or, with `last`, any match;
+    /// else drops all but the tail a match may still start in.
+    fn search_window(&self, text: &mut String, last: bool) -> Option<usize> {
+        if let Some(m) = self.ac.find(text.as_str()) {
+            if last || m.start() + self.longest <= text.len() {
+                return Some(m.pattern().as_usize());
+            }
+        }
+        if !last {
+            let mut cut = text.len().saturating_sub(self.longest.saturating_sub(1));
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.drain(..cut);
+        }
+        None
     }
 }
 
@@ -174,6 +293,31 @@ mod tests {
         assert_eq!(m.find("meeting on 2024-01-15"), None);
         assert_eq!(m.find("do not burn the logs"), None);
         assert_eq!(m.find("1gn0re"), None);
+    }
+
+    #[test]
+    fn matches_across_search_windows_are_found_as_one_search_finds_them() {
+        // The first phrase is preferred where both start: a window that
+        // ends inside it must not report the second.
+        let m = PhraseMatcher::new(&["abcdefgh", "abc", "zz"]).unwrap();
+        for filler in ["x", "\u{FDFA}", "\u{FF58}", "x\u{301}"] {
+            let unit = normalize(filler).len();
+            for shift in 0..24 {
+                let n = (WINDOW - shift) / unit;
+                let text = format!("{}abcdefgh zz", filler.repeat(n));
+                assert_eq!(m.find(&text), Some(0), "{filler:?} {shift}");
+                let text = format!("{}abcdefg zz", filler.repeat(n));
+                assert_eq!(m.find(&text), Some(1), "{filler:?} {shift}");
+                let text = format!("{}ab cdefgh zz", filler.repeat(n));
+                assert_eq!(m.find(&text), Some(2), "{filler:?} {shift}");
+            }
+        }
+        // In strings after a long one, in order.
+        let mut search = PhraseSearch::new(&m, 0);
+        search.push(&"y".repeat(3 * WINDOW));
+        search.push("ab");
+        search.push("c zz abc");
+        assert_eq!(search.finish(), Some(2));
     }
 
     /// Latin letters and look-alikes from other scripts (Cyrillic, Greek),

@@ -361,6 +361,14 @@ fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<Loo
             "must be at least 2 and at most `window`",
         );
     }
+    let last_turns = l.last_turns.unwrap_or(d.last_turns).max(1);
+    if last_turns > loopgate_breaker::MAX_LAST_TURNS {
+        // Each is held as a digest while a body is read.
+        errs.push(
+            format!("{at}.loop_guard.last_turns"),
+            "must be at most 1000",
+        );
+    }
     let cooldown = Duration::from_millis(l.cooldown_ms.unwrap_or(d.cooldown.as_millis() as u64));
     let max_cooldown = Duration::from_millis(
         l.max_cooldown_ms
@@ -376,7 +384,7 @@ fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<Loo
     Some(LoopConfig {
         window,
         repeats,
-        last_turns: l.last_turns.unwrap_or(d.last_turns).max(1),
+        last_turns,
         ignore_fields: l.ignore_fields.clone().unwrap_or(d.ignore_fields),
         cooldown,
         max_cooldown,

@@ -697,6 +697,21 @@ mcp_servers:
     }
 
     #[test]
+    fn loop_guard_settings_are_bounded() {
+        let yaml = GOOD.replace(
+            "    paths: [/v1/chat/completions]\n",
+            "    paths: [/v1/chat/completions]\n    loop_guard: { last_turns: 1001 }\n",
+        );
+        let e = build_str(&yaml).unwrap_err().join("\n");
+        assert!(
+            e.contains("agents.a.loop_guard.last_turns: must be at most 1000"),
+            "{e}"
+        );
+        let ok = yaml.replace("last_turns: 1001", "last_turns: 1000");
+        assert!(build_str(&ok).is_ok());
+    }
+
+    #[test]
     fn mixed_api_families_in_one_route_are_refused() {
         let yaml = GOOD.replace(
             "local: { kind: openai_compatible",

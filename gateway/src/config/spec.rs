@@ -687,7 +687,8 @@ pub struct LoopGuardSpec {
     /// Repeats of a cycle that make a loop. Default 3.
     #[serde(default)]
     pub repeats: Option<usize>,
-    /// Messages at the end of `messages` that identify a call. Default 2.
+    /// Messages at the end of `messages` that identify a call. Default 2;
+    /// at most 1000.
     #[serde(default)]
     pub last_turns: Option<usize>,
     /// Keys ignored at any depth (ids, timestamps, retry counters).

@@ -70,8 +70,9 @@ pub struct Judged {
     pub max_tokens: u64,
     pub task_budget: bool,
     pub extra: Vec<WindowTake>,
-    /// What the loop guard fingerprints (`None`: not a guarded call).
-    pub loop_call: Option<(String, serde_json::Value)>,
+    /// The call's fingerprint for the loop guard (`None`: not a guarded
+    /// call).
+    pub loop_call: Option<loopgate_breaker::Fingerprint>,
     /// Whether the watchdog counts the call.
     pub watched: bool,
     /// The task's isolation streak for this tool: key, threshold, cool-down.
@@ -102,6 +103,13 @@ impl Caller<'_> {
     /// `agent/task`.
     pub fn task_key(&self) -> Option<String> {
         self.task.map(|t| format!("{}/{t}", self.rules().name))
+    }
+
+    /// The loop guard's configuration, when this call is guarded (it
+    /// names a task and the agent's loop guard is on).
+    pub fn loop_guard(&self) -> Option<&loopgate_breaker::LoopConfig> {
+        self.task?;
+        self.cfg.guards[self.agent_idx].loops.as_ref()
     }
 }
 
@@ -289,8 +297,8 @@ async fn task_guards(
     };
     let rules = caller.rules();
     let agent_guards = &caller.cfg.guards[caller.agent_idx];
-    if let (Some(loops), Some((what, value))) = (&agent_guards.loops, &j.loop_call) {
-        let deny = guards::check_loop(env, rules, agent_guards, loops, &key, what, value).await;
+    if let (Some(loops), Some(fp)) = (&agent_guards.loops, j.loop_call) {
+        let deny = guards::check_loop(env, rules, agent_guards, loops, &key, fp).await;
         if let Some(deny) = fail.tolerate(deny)? {
             verdict.judge_external(rules, deny)?;
         }

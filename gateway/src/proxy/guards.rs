@@ -13,29 +13,27 @@ use super::env::Env;
 use crate::access_log::rfc3339_millis;
 use crate::config::runtime::Guards;
 use crate::error::GatewayError;
-use loopgate_breaker::{fingerprint, LoopConfig, LoopVerdict, TaskState, Trip};
+use loopgate_breaker::{Fingerprint, LoopConfig, LoopVerdict, TaskState, Trip};
 use loopgate_policy::watchdog::TaskState as WatchState;
 use loopgate_policy::{
     AgentRules, Deny, DenyCode, Level, RedAction, StepError, Streak, WatchdogConfig,
 };
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Judges the task's next call for loops: `what` names the endpoint, tool
-/// or MCP tool, `value` is the call reduced to its meaningful parts (a
-/// model call's body; a tool call's method, normalised path, query and
-/// body digest; an MCP call's tool and arguments), so model and tool calls
-/// of one task share one ring. `Ok(Some(deny))` for a loop; `Err` when the
-/// state cannot be read.
+/// Judges the task's next call for loops by its fingerprint, taken from
+/// what names the endpoint, tool or MCP tool and the call reduced to its
+/// meaningful parts (a model call's body, read as it was judged; a tool
+/// call's method, normalised path, query and body digest; an MCP call's
+/// tool and arguments), so model and tool calls of one task share one
+/// ring. `Ok(Some(deny))` for a loop; `Err` when the state cannot be read.
 pub async fn check_loop(
     env: &Env<'_>,
     rules: &AgentRules,
     guards: &Guards,
     cfg: &LoopConfig,
     task_key: &str,
-    what: &str,
-    value: &serde_json::Value,
+    fp: Fingerprint,
 ) -> Result<Option<Deny>, GatewayError> {
-    let fp = fingerprint(what, value, cfg);
     let verdict = loop_step(env, task_key, fp, cfg).await?;
     Ok(match verdict {
         LoopVerdict::Allow => None,

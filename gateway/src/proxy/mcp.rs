@@ -143,7 +143,7 @@ pub async fn judge(
     let (mut extra, mut loop_call) = (Vec::new(), None);
     if let Some(j) = &judgement {
         extra = call_windows(name, server, &access, rules.name.as_ref(), j);
-        loop_call = read_call(ctx, server, &access, j, &mut call);
+        loop_call = read_call(ctx, caller, server, &access, j, &mut call);
     }
     if rules.is_dry_run(DenyCode::ToolNotAllowed) {
         // Dry-run shows what enforcement would hide: lists pass unfiltered.
@@ -241,11 +241,12 @@ fn check_transport(
 /// never the arguments). Returns the call as the loop guard sees it.
 fn read_call(
     ctx: &mut RequestCtx,
+    caller: &Caller<'_>,
     server: &McpServer,
     access: &McpAccess,
     j: &mcp::Judgement,
     call: &mut McpCall,
-) -> Option<(String, serde_json::Value)> {
+) -> Option<loopgate_breaker::Fingerprint> {
     call.lists = j.messages.iter().filter_map(|m| m.list.clone()).collect();
     call.binds_session = j.initializes();
     let (tool, args) = j.calls().next()?;
@@ -257,10 +258,13 @@ fn read_call(
     audit.args_sha256 = Some(hex::encode(sha2::Sha256::digest(args.to_string())));
     call.tool = Some(tool.to_string());
     // What makes two calls the same call, for the loop guard.
-    Some((
-        format!("mcp:{}:{tool}", call.server),
-        serde_json::json!({ "tool": tool, "arguments": args }),
-    ))
+    caller.loop_guard().map(|cfg| {
+        loopgate_breaker::fingerprint(
+            &format!("mcp:{}:{tool}", call.server),
+            &serde_json::json!({ "tool": tool, "arguments": args }),
+            cfg,
+        )
+    })
 }
 
 /// Judges a POST body against the grant (dry-run: a call outside it goes

@@ -9,7 +9,10 @@ use super::ctx::{ModelPlan, Plan, RequestCtx};
 use crate::config::runtime::Route;
 use crate::error::GatewayError;
 use bytes::Bytes;
-use loopgate_policy::{clip, inspect_body, replace_model, Deny, DenyCode, Endpoint, Verdict};
+use loopgate_breaker::Fingerprinter;
+use loopgate_policy::{
+    clip, inspect_body, inspect_body_with, replace_model, Deny, DenyCode, Endpoint, Verdict,
+};
 use pingora_proxy::Session;
 use std::sync::Arc;
 
@@ -32,7 +35,17 @@ pub async fn judge(
         )));
     }
     let body = read_body(session, rules.max_body_bytes, &mut ctx.intake).await?;
-    let facts = inspect_body(endpoint, &body, rules.phrases.as_deref())?;
+    // The loop guard fingerprints the whole body (as the agent sent it:
+    // the output limit is written per attempt) from the tokens of the one
+    // pass that judges it, when the call is guarded.
+    let mut fp = caller
+        .loop_guard()
+        .map(|cfg| Fingerprinter::new(endpoint.path(), cfg));
+    let phrases = rules.phrases.as_deref();
+    let facts = match fp.as_mut() {
+        Some(fp) => inspect_body_with(endpoint, &body, phrases, fp),
+        None => inspect_body(endpoint, &body, phrases),
+    }?;
     if facts.model.bytes().any(|b| b < 0x20 || b == 0x7f) {
         // It is echoed in headers and logs; no provider names a model so.
         return Err(Deny::new(
@@ -45,18 +58,6 @@ pub async fn judge(
     let plan = rules.check_body(&facts, verdict)?;
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
     context_guard(endpoint, &route, &facts, &body, plan.output_tokens)?;
-    // The loop guard fingerprints the whole body (as the agent sent it:
-    // the output limit is written per attempt); parsed only when a task
-    // is guarded.
-    let guarded = caller.task.is_some() && caller.cfg.guards[caller.agent_idx].loops.is_some();
-    let loop_call = match guarded {
-        true => Some((
-            endpoint.path().to_string(),
-            serde_json::from_slice(&body)
-                .map_err(|e| GatewayError::Internal(format!("body no longer parses: {e}")))?,
-        )),
-        false => None,
-    };
     Ok(Judgement::Forward(Box::new(Judged {
         route_name,
         route,
@@ -69,7 +70,7 @@ pub async fn judge(
         max_tokens: plan.output_tokens,
         task_budget: true,
         extra: Vec::new(),
-        loop_call,
+        loop_call: fp.map(Fingerprinter::finish),
         watched: true,
         isolation: None,
         idem_claim: None,

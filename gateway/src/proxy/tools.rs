@@ -107,15 +107,16 @@ pub async fn judge(
     }
     // The task's loop guard sees tool calls too: the same tool, method,
     // path and body in a cycle is stopped like a model loop.
-    let loop_call = caller.task.map(|_| {
-        (
-            format!("tool:{tool_name}"),
-            serde_json::json!({
+    let loop_call = caller.loop_guard().map(|cfg| {
+        loopgate_breaker::fingerprint(
+            &format!("tool:{tool_name}"),
+            &serde_json::json!({
                 "method": method.as_str(),
                 "path": decoded,
                 "query": query,
                 "body_sha256": claim.body_sha.map(hex::encode),
             }),
+            cfg,
         )
     });
     // A task that kept getting the same failure from this tool is cut off
