@@ -9,9 +9,10 @@ use super::ctx::{ModelPlan, Plan, RequestCtx};
 use crate::config::runtime::Route;
 use crate::error::GatewayError;
 use bytes::Bytes;
-use loopgate_breaker::Fingerprinter;
+use loopgate_breaker::{Fingerprint, Fingerprinter, LoopConfig};
 use loopgate_policy::{
-    clip, inspect_body, inspect_body_with, replace_model, Deny, DenyCode, Endpoint, Verdict,
+    clip, inspect_body, inspect_body_with, replace_model, AgentRules, BodyFacts, Deny, DenyCode,
+    Endpoint, Verdict,
 };
 use pingora_proxy::Session;
 use std::sync::Arc;
@@ -35,17 +36,7 @@ pub async fn judge(
         )));
     }
     let body = read_body(session, rules.max_body_bytes, &mut ctx.intake).await?;
-    // The loop guard fingerprints the whole body (as the agent sent it:
-    // the output limit is written per attempt) from the tokens of the one
-    // pass that judges it, when the call is guarded.
-    let mut fp = caller
-        .loop_guard()
-        .map(|cfg| Fingerprinter::new(endpoint.path(), cfg));
-    let phrases = rules.phrases.as_deref();
-    let facts = match fp.as_mut() {
-        Some(fp) => inspect_body_with(endpoint, &body, phrases, fp),
-        None => inspect_body(endpoint, &body, phrases),
-    }?;
+    let (facts, loop_call) = judge_body(endpoint, &body, rules, caller.loop_guard()).await?;
     if facts.model.bytes().any(|b| b < 0x20 || b == 0x7f) {
         // It is echoed in headers and logs; no provider names a model so.
         return Err(Deny::new(
@@ -57,7 +48,7 @@ pub async fn judge(
     }
     let plan = rules.check_body(&facts, verdict)?;
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
-    context_guard(endpoint, &route, &facts, &body, plan.output_tokens)?;
+    context_guard(endpoint, &route, &facts, &body, plan.output_tokens).await?;
     Ok(Judgement::Forward(Box::new(Judged {
         route_name,
         route,
@@ -70,7 +61,7 @@ pub async fn judge(
         max_tokens: plan.output_tokens,
         task_budget: true,
         extra: Vec::new(),
-        loop_call: fp.map(Fingerprinter::finish),
+        loop_call,
         watched: true,
         isolation: None,
         idem_claim: None,
@@ -89,11 +80,11 @@ pub async fn judge(
 /// completion (`max_tokens`, the agent's inserted limit or the default
 /// output) must fit the window of the model the route's first target is
 /// sent, when the catalog knows that window. Embeddings have no output.
-fn context_guard(
+async fn context_guard(
     endpoint: Endpoint,
     route: &Route,
     facts: &loopgate_policy::BodyFacts,
-    body: &[u8],
+    body: &Bytes,
     output_tokens: u64,
 ) -> Result<(), GatewayError> {
     let sent = route.sent_model(0, &facts.model);
@@ -105,16 +96,86 @@ fn context_guard(
         Endpoint::Embeddings => 0,
         _ => (output_tokens / facts.choices()).min(max_output.unwrap_or(u64::MAX)),
     };
-    loopgate_policy::prompt::check_context(
-        endpoint,
-        sent,
-        body,
-        facts.estimated_prompt_tokens(),
-        facts.messages.unwrap_or(0) as u64,
-        window,
-        output,
-    )?;
+    let estimated = facts.estimated_prompt_tokens();
+    let messages = facts.messages.unwrap_or(0) as u64;
+    if body.len() <= JUDGE_ASIDE_BYTES {
+        loopgate_policy::prompt::check_context(
+            endpoint, sent, body, estimated, messages, window, output,
+        )?;
+        return Ok(());
+    }
+    // Counting a large prompt's tokens is judging work too.
+    let (sent, body) = (sent.to_string(), body.clone());
+    aside(move || {
+        loopgate_policy::prompt::check_context(
+            endpoint, &sent, &body, estimated, messages, window, output,
+        )
+    })
+    .await??;
     Ok(())
+}
+
+/// Bodies larger than this are judged off the runtime's threads.
+const JUDGE_ASIDE_BYTES: usize = 256 * 1024;
+
+/// Judges the body (facts, blocked phrases) and, when the task's loop
+/// guard is on (`loops`), fingerprints it from the tokens of the same one
+/// pass (as the agent sent it: the output limit is written per attempt).
+///
+/// A large body is judged on the blocking pool, at most as many at once
+/// as there are CPUs: judging costs up to a few tens of milliseconds per
+/// MiB of hostile text, and on a runtime thread it would hold up every
+/// other request of that thread (another agent's small call waited out
+/// whole judgings). Judging is linear and bounded (see `policy::body`),
+/// so the pool's queue only makes hostile bodies wait for each other.
+async fn judge_body(
+    endpoint: Endpoint,
+    body: &Bytes,
+    rules: &AgentRules,
+    loops: Option<&LoopConfig>,
+) -> Result<(BodyFacts, Option<Fingerprint>), GatewayError> {
+    if body.len() <= JUDGE_ASIDE_BYTES {
+        return Ok(judge_now(endpoint, body, rules.phrases.as_deref(), loops)?);
+    }
+    let (body, phrases, loops) = (body.clone(), rules.phrases.clone(), loops.cloned());
+    Ok(aside(move || judge_now(endpoint, &body, phrases.as_deref(), loops.as_ref())).await??)
+}
+
+/// Runs `work` (judging a large body) on the blocking pool, at most as
+/// many at once as there are CPUs, so the runtime's threads go on serving
+/// other requests meanwhile.
+async fn aside<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, GatewayError> {
+    static JUDGES: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    let judges = JUDGES.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        tokio::sync::Semaphore::new(cpus)
+    });
+    let _turn = judges
+        .acquire()
+        .await
+        .map_err(|_| GatewayError::Internal("the judging pool is closed".into()))?;
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| GatewayError::Internal(format!("judging the body failed: {e}")))
+}
+
+/// [`judge_body`]'s work, on the calling thread.
+fn judge_now(
+    endpoint: Endpoint,
+    body: &[u8],
+    phrases: Option<&loopgate_policy::PhraseMatcher>,
+    loops: Option<&LoopConfig>,
+) -> Result<(BodyFacts, Option<Fingerprint>), Deny> {
+    match loops {
+        Some(cfg) => {
+            let mut fp = Fingerprinter::new(endpoint.path(), cfg);
+            let facts = inspect_body_with(endpoint, body, phrases, &mut fp)?;
+            Ok((facts, Some(fp.finish())))
+        }
+        None => Ok((inspect_body(endpoint, body, phrases)?, None)),
+    }
 }
 
 /// The route serving `model` on `endpoint`.
