@@ -8,7 +8,8 @@
 //! refused at once (429 for the agent's share: the agent is sending more
 //! than it could have in flight; 503 for the total: the gateway is full).
 //! A hold lives as long as the request (the body is replayed upstream from
-//! memory) and gives its bytes back when dropped.
+//! memory) and gives its bytes back when dropped. While a body is judged,
+//! what judging may allocate ([`JUDGING_PER_BODY_BYTE`]) is charged too.
 
 use crate::connections::BodyDeadline;
 use crate::error::GatewayError;
@@ -65,6 +66,11 @@ impl BodyBuffers {
 impl Held {
     /// Counts `more` bytes before they are kept, or refuses them.
     pub fn grow(&mut self, more: u64) -> Result<(), GatewayError> {
+        self.grow_within(more, self.agent_cap)
+    }
+
+    /// As [`Held::grow`], against an agent share of `agent_cap`.
+    fn grow_within(&mut self, more: u64, agent_cap: u64) -> Result<(), GatewayError> {
         let b = &self.buffers;
         let total = b.total.fetch_add(more, Ordering::Relaxed) + more;
         if total > self.total_cap {
@@ -81,7 +87,7 @@ impl Held {
             }
         };
         let mine = map.entry(self.agent.clone()).or_insert(0);
-        if *mine + more > self.agent_cap {
+        if *mine + more > agent_cap {
             if *mine == 0 {
                 map.remove(&self.agent);
             }
@@ -101,23 +107,30 @@ impl Held {
         self.bytes += more;
         Ok(())
     }
-}
 
-impl Drop for Held {
-    fn drop(&mut self) {
-        if self.bytes == 0 {
+    /// Gives back `less` of what this hold counts (at most all of it).
+    pub fn shrink(&mut self, less: u64) {
+        let less = less.min(self.bytes);
+        if less == 0 {
             return;
         }
+        self.bytes -= less;
         let b = &self.buffers;
-        b.total.fetch_sub(self.bytes, Ordering::Relaxed);
+        b.total.fetch_sub(less, Ordering::Relaxed);
         if let Ok(mut map) = b.per_agent.lock() {
             if let Some(mine) = map.get_mut(&self.agent) {
-                *mine = mine.saturating_sub(self.bytes);
+                *mine = mine.saturating_sub(less);
                 if *mine == 0 {
                     map.remove(&self.agent);
                 }
             }
         }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.shrink(self.bytes);
     }
 }
 
@@ -171,11 +184,66 @@ impl BodyIntake {
             None => Ok(()),
         }
     }
+
+    /// Charges what judging a body of `body` bytes may allocate, against
+    /// the gateway's total and an agent share that makes room for it (the
+    /// bodies alone stay within the share itself, so no more of them are
+    /// read than the agent may have in flight). Given back with
+    /// [`BodyIntake::shrink`] once judging is done.
+    pub fn judging(&mut self, body: u64) -> Result<u64, GatewayError> {
+        let work = body * JUDGING_PER_BODY_BYTE;
+        if let Some(h) = self.hold.as_mut() {
+            let cap = h.agent_cap.saturating_mul(1 + JUDGING_PER_BODY_BYTE);
+            h.grow_within(work, cap)?;
+        }
+        Ok(work)
+    }
+
+    /// Gives back `less` bytes counted by [`BodyIntake::grow`].
+    pub fn shrink(&mut self, less: u64) {
+        if let Some(h) = self.hold.as_mut() {
+            h.shrink(less);
+        }
+    }
 }
+
+/// What judging a body may allocate besides the body, per byte of it:
+/// serde's unescaped copy of an escaped string (the costliest: 0.75x,
+/// `benches/judging`), the normalisation window, the loop guard's
+/// fingerprint state. Charged like the body while judging runs, so the
+/// agent's share and the gateway's total bound what bodies cost in
+/// memory, not only their bytes.
+pub const JUDGING_PER_BODY_BYTE: u64 = 1;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_judging_holds_is_charged_then_given_back() {
+        let b = Arc::new(BodyBuffers::default());
+        let mut a = b.hold("a".into(), 200, 250);
+        let mut other = b.hold("b".into(), 200, 250);
+        a.grow(100).unwrap();
+        // Judging the body charges as much again: past the share for
+        // bodies (100 more of body would not fit), within its room for
+        // judging.
+        assert_eq!(a.grow(101).unwrap_err().code(), "too_many_in_flight");
+        a.grow_within(
+            100 * JUDGING_PER_BODY_BYTE,
+            200 * (1 + JUDGING_PER_BODY_BYTE),
+        )
+        .unwrap();
+        assert_eq!(other.grow(51).unwrap_err().code(), "gateway_overloaded");
+        a.shrink(100 * JUDGING_PER_BODY_BYTE);
+        assert_eq!(b.total(), 100);
+        other.grow(150).unwrap();
+        // Never gives back more than it holds.
+        a.shrink(1_000);
+        assert_eq!(b.total(), 150);
+        drop(other);
+        assert_eq!(b.total(), 0);
+    }
 
     #[test]
     fn an_agent_share_and_the_total_bound_what_is_held() {

@@ -36,7 +36,11 @@ pub async fn judge(
         )));
     }
     let body = read_body(session, rules.max_body_bytes, &mut ctx.intake).await?;
-    let (facts, loop_call) = judge_body(endpoint, &body, rules, caller.loop_guard()).await?;
+    // What judging allocates is charged like the body while it runs.
+    let work = ctx.intake.judging(body.len() as u64)?;
+    let judged = judge_body(endpoint, &body, rules, caller.loop_guard()).await;
+    ctx.intake.shrink(work);
+    let (facts, loop_call) = judged?;
     if facts.model.bytes().any(|b| b < 0x20 || b == 0x7f) {
         // It is echoed in headers and logs; no provider names a model so.
         return Err(Deny::new(
