@@ -68,16 +68,23 @@ pub struct PriceTable {
 }
 
 impl PriceTable {
+    /// `model`'s entries, most specific first.
+    fn entries<'s, 'm>(
+        &'s self,
+        model: &'m str,
+    ) -> impl Iterator<Item = &'s PriceEntry> + use<'s, 'm> {
+        let prefixed = self
+            .prefixes
+            .iter()
+            .filter(move |(p, _)| model.starts_with(p.as_str()))
+            .map(|(_, e)| e);
+        self.exact.get(model).into_iter().chain(prefixed)
+    }
+
     /// The first of `model`'s entries, most specific first, for which
     /// `f` says something.
     fn first<'a, T>(&'a self, model: &str, f: impl Fn(&'a PriceEntry) -> Option<T>) -> Option<T> {
-        if let Some(t) = self.exact.get(model).and_then(&f) {
-            return Some(t);
-        }
-        self.prefixes
-            .iter()
-            .filter(|(p, _)| model.starts_with(p.as_str()))
-            .find_map(|(_, e)| f(e))
+        self.entries(model).find_map(f)
     }
 
     /// The catalog's name for `model` (its most specific entry).
@@ -92,8 +99,17 @@ impl PriceTable {
 
     /// `model`'s context window, and its output maximum when known.
     pub fn window(&self, model: &str) -> Option<(u64, Option<u64>)> {
-        let window = self.first(model, |e| e.context_window)?;
-        Some((window, self.first(model, |e| e.max_output)))
+        // One walk of the entries (this runs on every model call): each
+        // field from the most specific entry that sets it.
+        let (mut window, mut max_output) = (None, None);
+        for e in self.entries(model) {
+            window = window.or(e.context_window);
+            max_output = max_output.or(e.max_output);
+            if window.is_some() && max_output.is_some() {
+                break;
+            }
+        }
+        Some((window?, max_output))
     }
 
     fn entry(&mut self, name: &str) -> Result<&mut PriceEntry, String> {
