@@ -40,6 +40,7 @@ pub mod normalize;
 pub mod output;
 pub mod pattern;
 pub mod phrases;
+pub mod predict;
 pub mod price;
 pub mod prompt;
 pub mod rewrite;
