@@ -25,7 +25,6 @@
 
 use crate::decision::{Deny, DenyCode};
 use crate::endpoint::Endpoint;
-use serde_json::Value;
 use tiktoken_rs::tokenizer::{get_tokenizer, Tokenizer};
 use tiktoken_rs::CoreBPE;
 
@@ -89,94 +88,190 @@ fn skipped(key: &str) -> bool {
     )
 }
 
-/// The texts of a prompt, and how many messages (or input items) it has.
-fn texts<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
-    match v {
-        Value::String(s) => out.push(s),
-        Value::Array(a) => a.iter().for_each(|x| texts(x, out)),
-        Value::Object(o) => {
-            for (k, x) in o {
-                if !skipped(k) {
-                    texts(x, out);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
 /// The prompt tokens of `body` (a JSON object) for `model`, with the
 /// tokenizer where the model has one, else `estimate`.
 pub fn count_prompt(endpoint: Endpoint, model: &str, body: &[u8], estimate: u64) -> (u64, Counted) {
     let Some(bpe) = tokenizer(model) else {
         return (estimate, Counted::Estimate);
     };
-    let Ok(Value::Object(doc)) = serde_json::from_slice::<Value>(body) else {
-        return (estimate, Counted::Estimate);
+    // Read as tokens, not into a `serde_json::Value`: a tree of a body of
+    // tiny strings costs many times the body (see `crate::tokens`), and
+    // counting runs on the largest bodies.
+    let mut counter = Counter {
+        bpe,
+        depth: 0,
+        field: Field::Other,
+        skip_next: false,
+        skip_from: None,
+        items: 0,
+        in_items: false,
+        text: 0,
+        object: false,
     };
-    let mut out = Vec::new();
-    let mut items = 0u64;
-    for field in PROMPT_FIELDS {
-        let Some(v) = doc.get(field) else {
-            continue;
-        };
-        if matches!(field, "messages" | "input") {
-            if let Value::Array(a) = v {
-                items += a.len() as u64;
-            }
-        }
-        texts(v, &mut out);
+    if crate::tokens::read(body, &mut counter).is_err() || !counter.object {
+        return (estimate, Counted::Estimate);
     }
-    let text: u64 = out
-        .iter()
-        .map(|t| bpe.encode_ordinary(t).len() as u64)
-        .sum();
     let overhead = match endpoint {
         Endpoint::ChatCompletions | Endpoint::Responses => {
-            items.saturating_mul(PER_MESSAGE) + REPLY_PRIMING
+            counter.items.saturating_mul(PER_MESSAGE) + REPLY_PRIMING
         }
         _ => 0,
     };
-    (text + overhead, Counted::Tokenizer)
+    (counter.text + overhead, Counted::Tokenizer)
 }
 
-/// The context guard for one call: `window` is the model's, `output` the
-/// call's output limit per completion (its `max_tokens`, the agent's
-/// inserted limit, or the default output), `estimate` the body's
-/// length-based estimate and `messages` its message count. Counts only
-/// when the cheap bound does not already show the call fits.
-pub fn check_context(
-    endpoint: Endpoint,
-    model: &str,
-    body: &[u8],
-    estimate: u64,
-    messages: u64,
-    window: u64,
-    output: u64,
-) -> Result<(), Deny> {
-    // Every token covers a byte at least, and the estimate is below the
-    // body's length: this bound fits, so the count would.
-    let bound = (body.len() as u64)
-        .saturating_add(messages.saturating_mul(PER_MESSAGE) + REPLY_PRIMING)
-        .saturating_add(output);
-    if bound <= window {
-        return Ok(());
+/// Which top-level field the tokens being read belong to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Field {
+    /// A prompt field whose items are messages (`messages`, `input`).
+    Items,
+    /// Another prompt field.
+    Prompt,
+    Other,
+}
+
+/// Counts the tokens of every string under a prompt field, except under
+/// keys that hold no text ([`skipped`]), and the items of `messages` or
+/// `input`.
+struct Counter {
+    bpe: &'static CoreBPE,
+    /// Containers open.
+    depth: usize,
+    field: Field,
+    /// The next value belongs to a skipped key.
+    skip_next: bool,
+    /// Inside a skipped key's container opened at this depth.
+    skip_from: Option<usize>,
+    items: u64,
+    /// Inside the array of `messages` or `input`.
+    in_items: bool,
+    text: u64,
+    /// The document is an object.
+    object: bool,
+}
+
+impl Counter {
+    /// A value begins at the current depth; `false` when it is skipped.
+    fn value(&mut self, container: bool) -> bool {
+        if self.depth == 2 && self.in_items {
+            self.items += 1;
+        }
+        if self.skip_from.is_some() {
+            return false;
+        }
+        if std::mem::take(&mut self.skip_next) {
+            if container {
+                self.skip_from = Some(self.depth);
+            }
+            return false;
+        }
+        self.field != Field::Other
     }
-    let (prompt, how) = count_prompt(endpoint, model, body, estimate);
-    if prompt.saturating_add(output) <= window {
-        return Ok(());
+}
+
+impl crate::tokens::TokenSink for Counter {
+    fn token(&mut self, t: crate::tokens::Token<'_>) {
+        use crate::tokens::Token;
+        match t {
+            Token::ObjectStart | Token::ArrayStart => {
+                self.value(true);
+                if self.depth == 0 {
+                    self.object = t == Token::ObjectStart;
+                }
+                if self.depth == 1 {
+                    self.in_items = self.field == Field::Items && t == Token::ArrayStart;
+                }
+                self.depth += 1;
+            }
+            Token::ObjectEnd | Token::ArrayEnd => {
+                self.depth = self.depth.saturating_sub(1);
+                if self.skip_from == Some(self.depth) {
+                    self.skip_from = None;
+                }
+            }
+            Token::Key(k) if self.depth == 1 => {
+                self.field = match k {
+                    "messages" | "input" => Field::Items,
+                    _ if PROMPT_FIELDS.contains(&k) => Field::Prompt,
+                    _ => Field::Other,
+                };
+            }
+            Token::Key(k) => {
+                if self.skip_from.is_none() && skipped(k) {
+                    self.skip_next = true;
+                }
+            }
+            Token::Str(text) => {
+                if self.value(false) {
+                    let n = self.bpe.encode_ordinary(text).len() as u64;
+                    self.text = self.text.saturating_add(n);
+                }
+            }
+            Token::U64(_) | Token::I64(_) | Token::F64(_) | Token::Bool(_) | Token::Null => {
+                self.value(false);
+            }
+        }
     }
-    Err(Deny::new(
-        DenyCode::ContextWindowExceeded,
-        format!(
-            "the prompt ({prompt} tokens, {}) plus the output limit ({output} tokens) is {} tokens: \
-             more than `{}`'s context window of {window} tokens",
-            how.as_str(),
-            prompt.saturating_add(output),
-            crate::clip(model, 200),
-        ),
-    )
-    .never_retryable())
+}
+
+/// The context guard for one call, against the window of the model it is
+/// sent (`model`).
+#[derive(Debug, Clone, Copy)]
+pub struct ContextCheck<'a> {
+    pub endpoint: Endpoint,
+    pub model: &'a str,
+    /// The model's context window, in tokens.
+    pub window: u64,
+    /// The call's output limit per completion (its `max_tokens`, the
+    /// agent's inserted limit, or the default output).
+    pub output: u64,
+    /// The body's length-based estimate and its message count.
+    pub estimate: u64,
+    pub messages: u64,
+    /// The watchdog's lowest context-occupancy threshold (a share of the
+    /// window), when it watches the call: the prompt's share is measured
+    /// once it may reach it.
+    pub watch: Option<f64>,
+}
+
+impl ContextCheck<'_> {
+    /// Refuses a prompt plus output past the window; else the share of the
+    /// window the prompt fills, when it may reach [`ContextCheck::watch`]
+    /// (`None`: below it, or not watched). Counts only when the cheap
+    /// bound does not already answer both.
+    pub fn check(&self, body: &[u8]) -> Result<Option<f64>, Deny> {
+        // Every token covers a byte at least, and the estimate is below
+        // the body's length: within this bound, so is the count.
+        let prompt_bound = (body.len() as u64)
+            .saturating_add(self.messages.saturating_mul(PER_MESSAGE) + REPLY_PRIMING);
+        let watched = |prompt: u64| {
+            self.watch
+                .filter(|w| prompt as f64 >= w * self.window as f64)
+                .map(|_| prompt as f64 / self.window as f64)
+        };
+        if prompt_bound.saturating_add(self.output) <= self.window
+            && watched(prompt_bound).is_none()
+        {
+            return Ok(None);
+        }
+        let (prompt, how) = count_prompt(self.endpoint, self.model, body, self.estimate);
+        if prompt.saturating_add(self.output) <= self.window {
+            return Ok(watched(prompt));
+        }
+        Err(Deny::new(
+            DenyCode::ContextWindowExceeded,
+            format!(
+                "the prompt ({prompt} tokens, {}) plus the output limit ({} tokens) is {} tokens: \
+                 more than `{}`'s context window of {} tokens",
+                how.as_str(),
+                self.output,
+                prompt.saturating_add(self.output),
+                crate::clip(self.model, 200),
+                self.window,
+            ),
+        )
+        .never_retryable())
+    }
 }
 
 #[cfg(test)]
@@ -220,26 +315,22 @@ mod tests {
         let body = chat(&"lorem ipsum dolor sit amet ".repeat(200));
         let (n, _) = count_prompt(Endpoint::ChatCompletions, "gpt-4o", &body, 1);
         assert!(n > 1000 && n < 1300, "{n}");
-        let fits = check_context(
-            Endpoint::ChatCompletions,
-            "gpt-4o",
-            &body,
-            1,
-            2,
-            n + 100,
-            100,
-        );
-        assert!(fits.is_ok());
-        let d = check_context(
-            Endpoint::ChatCompletions,
-            "gpt-4o",
-            &body,
-            1,
-            2,
-            n + 99,
-            100,
-        )
-        .unwrap_err();
+        let guard = |window, watch| ContextCheck {
+            endpoint: Endpoint::ChatCompletions,
+            model: "gpt-4o",
+            window,
+            output: 100,
+            estimate: 1,
+            messages: 2,
+            watch,
+        };
+        assert_eq!(guard(n + 100, None).check(&body), Ok(None));
+        // Watched: the share is measured once the prompt may reach it.
+        let share = n as f64 / (n + 100) as f64;
+        assert_eq!(guard(n + 100, Some(0.8)).check(&body), Ok(Some(share)));
+        assert_eq!(guard(n + 100, Some(0.99)).check(&body), Ok(None));
+        assert_eq!(guard(1_000_000, Some(0.8)).check(&body), Ok(None));
+        let d = guard(n + 99, Some(0.8)).check(&body).unwrap_err();
         assert_eq!(d.code, DenyCode::ContextWindowExceeded);
         assert!(
             d.message.contains(&format!("({n} tokens, counted)")),
@@ -252,12 +343,77 @@ mod tests {
             d.message
         );
         // Estimated families: the estimate decides.
-        let d = check_context(Endpoint::Messages, "claude-x", &body, 5000, 2, 5000, 1).unwrap_err();
+        let d = ContextCheck {
+            endpoint: Endpoint::Messages,
+            model: "claude-x",
+            window: 5000,
+            output: 1,
+            estimate: 5000,
+            messages: 2,
+            watch: None,
+        }
+        .check(&body)
+        .unwrap_err();
         assert!(
             d.message.contains("(5000 tokens, estimated)"),
             "{}",
             d.message
         );
+    }
+
+    /// The count as a walk of a `serde_json::Value` tree gives it (what
+    /// the token reader replaced).
+    fn count_from_tree(body: &[u8]) -> u64 {
+        use serde_json::Value;
+        fn texts(v: &Value, bpe: &CoreBPE, n: &mut u64) {
+            match v {
+                Value::String(s) => *n += bpe.encode_ordinary(s).len() as u64,
+                Value::Array(a) => a.iter().for_each(|x| texts(x, bpe, n)),
+                Value::Object(o) => o
+                    .iter()
+                    .filter(|(k, _)| !skipped(k))
+                    .for_each(|(_, x)| texts(x, bpe, n)),
+                _ => {}
+            }
+        }
+        let bpe = tiktoken_rs::o200k_base_singleton();
+        let doc: serde_json::Map<String, Value> = serde_json::from_slice(body).unwrap();
+        let (mut n, mut items) = (0, 0);
+        for f in PROMPT_FIELDS {
+            if let Some(v) = doc.get(f) {
+                if let (true, Value::Array(a)) = (matches!(f, "messages" | "input"), v) {
+                    items += a.len() as u64;
+                }
+                texts(v, bpe, &mut n);
+            }
+        }
+        n + items * PER_MESSAGE + REPLY_PRIMING
+    }
+
+    #[test]
+    fn the_token_reader_counts_what_a_tree_walk_counts() {
+        let bodies = [
+            serde_json::json!({"model": "gpt-4o", "messages": [
+                {"role": "user", "content": "hi there", "id": "msg_1", "type": "x"},
+                {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "f", "arguments": "{\"a\": [1, 2, \"three\"]}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}]}],
+                "tools": [{"type": "function", "function": {"name": "f", "description": "does f",
+                    "parameters": {"type": "object", "properties": {"a": {"type": "array"}}}}}],
+                "metadata": {"note": "not prompt"}, "temperature": 0.2}),
+            serde_json::json!({"model": "gpt-4o", "input": "one string input", "instructions": "be brief"}),
+            serde_json::json!({"model": "gpt-4o", "input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": {"url": "data:x", "detail": "low"}},
+                {"type": "input_text", "text": "what is this"}]}, "plain"], "system": ["a", {"data": {"deep": ["x"]}}]}),
+            serde_json::json!({"model": "gpt-4o", "prompt": ["a b c", "d e f"], "functions": [{"name": "g"}],
+                "messages": {"not": "an array"}}),
+        ];
+        for b in bodies {
+            let body = serde_json::to_vec(&b).unwrap();
+            let (n, how) = count_prompt(Endpoint::ChatCompletions, "gpt-4o", &body, 1);
+            assert_eq!(how, Counted::Tokenizer);
+            assert_eq!(n, count_from_tree(&body), "{b}");
+        }
     }
 
     #[test]

@@ -393,15 +393,24 @@ fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<Loo
     })
 }
 
+/// The watchdog's default yellow context occupancy.
+const DEFAULT_CONTEXT_SHARE: f64 = 0.8;
+
 pub(super) fn thresholds(errs: &mut Errs, at: &str, t: &spec::ThresholdsSpec) -> Thresholds {
-    if t.budget_used.is_some_and(|b| !(b > 0.0 && b <= 1.0)) {
-        errs.push(format!("{at}.budget_used"), "must be a share in (0, 1]");
+    for (field, share) in [
+        ("budget_used", t.budget_used),
+        ("context_share", t.context_share),
+    ] {
+        if share.is_some_and(|b| !(b > 0.0 && b <= 1.0)) {
+            errs.push(format!("{at}.{field}"), "must be a share in (0, 1]");
+        }
     }
     Thresholds {
         calls_per_minute: t.calls_per_minute,
         steps: t.steps,
         latency_ms: t.latency_ms,
         budget_used: t.budget_used,
+        context_share: t.context_share,
     }
 }
 
@@ -430,8 +439,12 @@ fn build_watchdog(
             return None;
         }
     };
+    let mut yellow = thresholds(errs, &format!("{at}.watchdog.yellow"), &w.yellow);
+    // A watched task is warned when a prompt fills most of its model's
+    // window, unless told otherwise.
+    yellow.context_share = yellow.context_share.or(Some(DEFAULT_CONTEXT_SHARE));
     Some(WatchdogConfig {
-        yellow: thresholds(errs, &format!("{at}.watchdog.yellow"), &w.yellow),
+        yellow,
         red: thresholds(errs, &format!("{at}.watchdog.red"), &w.red),
         action,
         idle_ttl: Duration::from_secs(3600),

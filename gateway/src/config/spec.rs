@@ -737,6 +737,10 @@ pub struct ThresholdsSpec {
     /// Share of the task budget, 0..1.
     #[serde(default)]
     pub budget_used: Option<f64>,
+    /// Share of the model's context window a call's prompt fills, 0..1
+    /// (yellow default 0.8, for models whose window the catalog knows).
+    #[serde(default)]
+    pub context_share: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -75,6 +75,9 @@ pub struct Judged {
     pub loop_call: Option<loopgate_breaker::Fingerprint>,
     /// Whether the watchdog counts the call.
     pub watched: bool,
+    /// The share of its model's context window the prompt fills, when the
+    /// watchdog may act on it.
+    pub context_share: Option<f64>,
     /// The task's isolation streak for this tool: key, threshold, cool-down.
     pub isolation: Option<(String, u32, std::time::Duration)>,
     /// An idempotency claim taken while judging: forgotten if refused.
@@ -110,6 +113,17 @@ impl Caller<'_> {
     pub fn loop_guard(&self) -> Option<&loopgate_breaker::LoopConfig> {
         self.task?;
         self.cfg.guards[self.agent_idx].loops.as_ref()
+    }
+
+    /// The lowest context occupancy the watchdog acts on, when it watches
+    /// this call (it names a task and the agent has a watchdog).
+    pub fn context_watch(&self) -> Option<f64> {
+        self.task?;
+        let wd = self.cfg.guards[self.agent_idx].watchdog.as_ref()?;
+        match (wd.yellow.context_share, wd.red.context_share) {
+            (Some(y), Some(r)) => Some(y.min(r)),
+            (y, r) => y.or(r),
+        }
     }
 }
 
@@ -305,7 +319,9 @@ async fn task_guards(
     }
     let mut guard = None;
     if let (Some(wd), true) = (&agent_guards.watchdog, j.watched) {
-        match fail.tolerate(guards::watch(env, rules, wd, &key, budget_used).await)? {
+        match fail
+            .tolerate(guards::watch(env, rules, wd, &key, budget_used, j.context_share).await)?
+        {
             None | Some(Watch::Green) => {}
             Some(Watch::Warn) => guard = Some("warn"),
             Some(Watch::Stop(deny)) => verdict.judge_external(rules, Some(deny))?,

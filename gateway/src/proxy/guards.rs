@@ -239,17 +239,19 @@ pub enum Watch {
 }
 
 /// Counts the task's call and applies the watchdog's level. `used`: the
-/// share of the task budget used as of this admission.
+/// share of the task budget used as of this admission; `context`: the
+/// share of its model's context window the call's prompt fills.
 pub async fn watch(
     env: &Env<'_>,
     rules: &AgentRules,
     cfg: &WatchdogConfig,
     task_key: &str,
     used: Option<f64>,
+    context: Option<f64>,
 ) -> Result<Watch, GatewayError> {
     let step = |task: Option<WatchState>, now| {
         let mut task = task.unwrap_or_default();
-        let reading = task.step(cfg, now, used);
+        let reading = task.step(cfg, now, used, context);
         (Some(task.encode()), reading)
     };
     let key = watch_key(task_key);

@@ -164,6 +164,7 @@ pub async fn judge(
         loop_call,
         // The task's loop guard and watchdog see tool calls.
         watched,
+        context_share: None,
         isolation: None,
         idem_claim: None,
         plan: Plan::Mcp(McpPlan { target, call }),

@@ -10,6 +10,7 @@ use crate::config::runtime::Route;
 use crate::error::GatewayError;
 use bytes::Bytes;
 use loopgate_breaker::{Fingerprint, Fingerprinter, LoopConfig};
+use loopgate_policy::prompt::ContextCheck;
 use loopgate_policy::{
     clip, inspect_body, inspect_body_with, replace_model, AgentRules, BodyFacts, Deny, DenyCode,
     Endpoint, Verdict,
@@ -38,9 +39,9 @@ pub async fn judge(
     let body = read_body(session, rules.max_body_bytes, &mut ctx.intake).await?;
     // What judging allocates is charged like the body while it runs.
     let work = ctx.intake.judging(body.len() as u64)?;
-    let judged = judge_body(endpoint, &body, rules, caller.loop_guard()).await;
-    ctx.intake.shrink(work);
-    let (facts, loop_call) = judged?;
+    // Held until the context guard has counted too (on a refusal, until
+    // the request ends).
+    let (facts, loop_call) = judge_body(endpoint, &body, rules, caller.loop_guard()).await?;
     if facts.model.bytes().any(|b| b < 0x20 || b == 0x7f) {
         // It is echoed in headers and logs; no provider names a model so.
         return Err(Deny::new(
@@ -52,7 +53,10 @@ pub async fn judge(
     }
     let plan = rules.check_body(&facts, verdict)?;
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
-    context_guard(endpoint, &route, &facts, &body, plan.output_tokens).await?;
+    let watch = caller.context_watch();
+    let context_share =
+        context_guard(endpoint, &route, &facts, &body, plan.output_tokens, watch).await?;
+    ctx.intake.shrink(work);
     Ok(Judgement::Forward(Box::new(Judged {
         route_name,
         route,
@@ -67,6 +71,7 @@ pub async fn judge(
         extra: Vec::new(),
         loop_call,
         watched: true,
+        context_share,
         isolation: None,
         idem_claim: None,
         plan: Plan::Model(ModelPlan {
@@ -84,39 +89,47 @@ pub async fn judge(
 /// completion (`max_tokens`, the agent's inserted limit or the default
 /// output) must fit the window of the model the route's first target is
 /// sent, when the catalog knows that window. Embeddings have no output.
+/// Returns the share of the window the prompt fills when the watchdog
+/// may act on it (it reaches `watch`).
 async fn context_guard(
     endpoint: Endpoint,
     route: &Route,
     facts: &loopgate_policy::BodyFacts,
     body: &Bytes,
     output_tokens: u64,
-) -> Result<(), GatewayError> {
+    watch: Option<f64>,
+) -> Result<Option<f64>, GatewayError> {
     let sent = route.sent_model(0, &facts.model);
     let Some((window, max_output)) = route.models.prices.window(sent) else {
-        return Ok(());
+        return Ok(None);
     };
     // The model never writes more than its own maximum.
     let output = match endpoint {
         Endpoint::Embeddings => 0,
         _ => (output_tokens / facts.choices()).min(max_output.unwrap_or(u64::MAX)),
     };
-    let estimated = facts.estimated_prompt_tokens();
-    let messages = facts.messages.unwrap_or(0) as u64;
+    let (estimate, messages) = (
+        facts.estimated_prompt_tokens(),
+        facts.messages.unwrap_or(0) as u64,
+    );
+    let check = move |model: &str, body: &[u8]| {
+        ContextCheck {
+            endpoint,
+            model,
+            window,
+            output,
+            estimate,
+            messages,
+            watch,
+        }
+        .check(body)
+    };
     if body.len() <= JUDGE_ASIDE_BYTES {
-        loopgate_policy::prompt::check_context(
-            endpoint, sent, body, estimated, messages, window, output,
-        )?;
-        return Ok(());
+        return Ok(check(sent, body)?);
     }
     // Counting a large prompt's tokens is judging work too.
     let (sent, body) = (sent.to_string(), body.clone());
-    aside(move || {
-        loopgate_policy::prompt::check_context(
-            endpoint, &sent, &body, estimated, messages, window, output,
-        )
-    })
-    .await??;
-    Ok(())
+    Ok(aside(move || check(&sent, &body)).await??)
 }
 
 /// Bodies larger than this are judged off the runtime's threads.

@@ -141,6 +141,7 @@ pub async fn judge(
         extra: Vec::new(),
         loop_call,
         watched: true,
+        context_share: None,
         isolation: isolation.clone(),
         idem_claim: claim.record.as_ref().map(|(k, _)| k.clone()),
         plan: Plan::Tool(ToolPlan {
