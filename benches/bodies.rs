@@ -238,3 +238,133 @@ pub fn measure(b: &Body, phrases: &PhraseMatcher, loops: &LoopConfig, runs: usiz
         outcome,
     }
 }
+
+/// A `tools/call` of `read_file` whose `arguments` hold `{"v":[...]}`, the
+/// list made of `unit` repeated until the body is about `size` bytes
+/// (`unit` is an element; `list` false: one string of it instead).
+fn mcp_call(size: usize, unit: &str, list: bool) -> Vec<u8> {
+    let head = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"v":"#;
+    let (open, close) = if list { ("[", "]}}}") } else { ("\"", "\"}}}") };
+    let mut b = String::with_capacity(size + 64);
+    b.push_str(head);
+    b.push_str(open);
+    let room = size.saturating_sub(close.len());
+    let mut first = true;
+    while b.len() + unit.len() + 1 < room {
+        if list && !first {
+            b.push(',');
+        }
+        b.push_str(unit);
+        first = false;
+    }
+    b.push_str(close);
+    b.into_bytes()
+}
+
+/// MCP bodies whose `serde_json::Value` tree costs the most per byte
+/// (`tools/call` arguments of many tiny values, small objects, deep
+/// chains, one object of many keys, a batch of many empty messages) and
+/// plain text as the reference: what `loopgate_policy::json::parse_cost`
+/// must bound.
+pub fn mcp(size: usize) -> Vec<Body> {
+    let body = |name, bytes| Body {
+        name,
+        bytes,
+        task: false,
+    };
+    let mut keys = String::from(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"#,
+    );
+    let mut i = 0u32;
+    while keys.len() + 16 <= size {
+        if i > 0 {
+            keys.push(',');
+        }
+        keys.push_str(&format!("\"{i:x}\":0"));
+        i += 1;
+    }
+    keys.push_str("}}}");
+    let mut chain = String::new();
+    for _ in 0..60 {
+        chain.push_str(r#"{"a":"#);
+    }
+    chain.push('1');
+    chain.push_str(&"}".repeat(60));
+    let mut batch = String::from("[");
+    while batch.len() + 4 <= size {
+        if batch.len() > 1 {
+            batch.push(',');
+        }
+        batch.push_str("{}");
+    }
+    batch.push(']');
+    let words = "the quick brown fox jumps over the lazy dog ";
+    vec![
+        body("plain ASCII", mcp_call(size, words, false)),
+        body("U+FDFA JSON-escaped", mcp_call(size, "\\ufdfa", false)),
+        body("one escape at the end", {
+            let mut b = mcp_call(size - 2, words, false);
+            b.splice(b.len() - 4..b.len() - 4, *b"\\n");
+            b
+        }),
+        body("small numbers", mcp_call(size, "0", true)),
+        body("empty strings", mcp_call(size, "\"\"", true)),
+        body("one-char strings", mcp_call(size, "\"a\"", true)),
+        body("empty objects", mcp_call(size, "{}", true)),
+        body("empty arrays", mcp_call(size, "[]", true)),
+        body("one-key objects", mcp_call(size, r#"{"a":0}"#, true)),
+        body(
+            "two-key records",
+            mcp_call(size, r#"{"id":1,"n":"xy"}"#, true),
+        ),
+        body("one-element arrays", mcp_call(size, "[0]", true)),
+        body("small keys", keys.into_bytes()),
+        body("60-deep chains", mcp_call(size, &chain, true)),
+        body("batch of empty objects", batch.into_bytes()),
+    ]
+}
+
+/// What judging an MCP body cost: the bytes `parse_cost` charges for it
+/// and the most judging allocated at once (the body not included).
+pub struct McpMeasured {
+    pub charged: u64,
+    pub peak: u64,
+    pub outcome: String,
+}
+
+/// Judges `body` as the gateway judges an MCP POST (every message against
+/// a grant of `read_file`; the first call's arguments taken out of the
+/// judgement, serialised and fingerprinted), counting its peak allocation.
+pub fn measure_mcp(body: &[u8]) -> McpMeasured {
+    use loopgate_policy::mcp;
+    let grant = mcp::McpGrant {
+        tools: loopgate_policy::PatternList::parse(&["read_file"]).expect("pattern"),
+        prompts: loopgate_policy::PatternList::default(),
+        resources: loopgate_policy::PatternList::default(),
+    };
+    let loops = LoopConfig::default();
+    let charged = loopgate_policy::json::parse_cost(body);
+    let held = crate::live_bytes();
+    crate::reset_peak();
+    let outcome = match mcp::judge(&grant, body) {
+        Ok(mut j) => {
+            let first = j.messages.iter_mut().find_map(|m| m.tool.take());
+            if let Some((tool, mut args)) = first {
+                mcp::strip_noise(&mut args, &[]);
+                let _ = serde_json::to_writer(std::io::sink(), &args);
+                let call = serde_json::Value::Object(serde_json::Map::from_iter([
+                    ("tool".to_string(), serde_json::Value::String(tool)),
+                    ("arguments".to_string(), args),
+                ]));
+                std::hint::black_box(loopgate_breaker::fingerprint("mcp:s:t", &call, &loops));
+            }
+            "admitted".to_string()
+        }
+        Err(r) => format!("refused: {:?}", r.deny.code),
+    };
+    McpMeasured {
+        charged,
+        peak: crate::peak_bytes(held),
+        outcome,
+    }
+}

@@ -8,6 +8,9 @@
 //!
 //! `benches/judging-binary` sends the same bodies to the real binary.
 //!
+//! `judging --mcp [MiB]` prints what parsing MCP bodies of the costliest
+//! shapes allocates, against the body and against the gateway's charge.
+//!
 //! Run: cargo run --release -p loopgate-benches --bin judging [MiB] [runs]
 //! [name] (default 8 MiB bodies, CPU the least of 5 runs, every body;
 //! with a name, plain ASCII and the bodies whose names hold it). The CPU
@@ -23,6 +26,13 @@ static ALLOC: loopgate_benches::CountingAlloc = loopgate_benches::CountingAlloc;
 fn main() {
     if let Some(dir) = std::env::args().nth(1).filter(|a| a == "--dump") {
         return dump(&dir, std::env::args().nth(2));
+    }
+    if std::env::args().nth(1).as_deref() == Some("--mcp") {
+        let mib: f64 = std::env::args()
+            .nth(2)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(8.0);
+        return mcp((mib * 1024.0 * 1024.0) as usize - 4096);
     }
     let mut args = std::env::args().skip(1);
     let mib: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(8.0);
@@ -63,6 +73,30 @@ fn main() {
             m.outcome,
         );
         black_box(&m);
+    }
+}
+
+/// `--mcp [MiB]`: what parsing MCP bodies of the costliest shapes into a
+/// `serde_json::Value` allocates at its peak, against the body's size and
+/// against what `parse_cost` charges for it (the gateway's charge).
+fn mcp(size: usize) {
+    println!(
+        "{:<24} {:>9} {:>10} {:>9} {:>10} {:>9}",
+        "MCP body", "bytes", "peak MiB", "peak/body", "charged/body", "charged/peak"
+    );
+    for b in bodies::mcp(size) {
+        let m = bodies::measure_mcp(&b.bytes);
+        let len = b.bytes.len() as f64;
+        println!(
+            "{:<24} {:>9} {:>10.1} {:>8.2}x {:>11.2}x {:>11.2}x {}",
+            b.name,
+            b.bytes.len(),
+            m.peak as f64 / (1 << 20) as f64,
+            m.peak as f64 / len,
+            m.charged as f64 / len,
+            m.charged as f64 / m.peak.max(1) as f64,
+            m.outcome
+        );
     }
 }
 

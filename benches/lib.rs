@@ -3,6 +3,9 @@
 //! - `policy.rs`, `hot_path.rs` (criterion): the hot-path pieces.
 //! - `judging.rs` (with [`bodies`]): what judging hostile bodies costs per
 //!   byte, against plain ASCII; `tests/judging.rs` bounds it.
+//! - `latency.rs`: another agent's latency while a hostile agent sends
+//!   the costliest bodies, against the real binary (through
+//!   `loopgate-tests`' harness).
 //! - `bare_pingora.rs`: the baseline passthrough for `compare`.
 //! - `compare`: wrk comparison against nginx and bare Pingora.
 //! - `streams`: many concurrent SSE streams, bytes and RSS per stream.

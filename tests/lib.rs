@@ -29,18 +29,24 @@ pub const ADMIN_TOKEN: &str = "adm-token-secret-77";
 /// `policy.max_body_bytes` in [`Gateway::start_default`].
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
 
-/// The `loopgate` binary of the current build profile.
+/// The `loopgate` binary of the current build profile: beside the
+/// running executable (a bench binary in `target/<profile>/`) or one up
+/// (a test binary in `target/<profile>/deps/`).
 pub fn bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test-binary> -> target/<profile>/loopgate
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join(format!("loopgate{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} not found: build it first (cargo test --workspace builds it)",
-        bin.display()
-    );
-    bin
+    let name = format!("loopgate{}", std::env::consts::EXE_SUFFIX);
+    let dir = exe.parent().expect("target dir");
+    let bin = [Some(dir), dir.parent()]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join(&name))
+        .find(|b| b.exists());
+    bin.unwrap_or_else(|| {
+        panic!(
+            "{name} not found beside {}: build it first (cargo test --workspace builds it)",
+            exe.display()
+        )
+    })
 }
 
 /// A fresh scratch directory under the system temp dir.
@@ -318,6 +324,12 @@ impl Gateway {
     /// As [`Gateway::start`], with these environment variables set too
     /// (e.g. the test-only `LOOPGATE_TEST_FAULT`).
     pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Gateway {
+        Gateway::start_bin(&bin(), yaml, env)
+    }
+
+    /// As [`Gateway::start_with_env`], running the binary at `bin` (a
+    /// benchmark comparing another build).
+    pub fn start_bin(bin: &Path, yaml: &str, env: &[(&str, &str)]) -> Gateway {
         let dir = scratch_dir("gw");
         // Every test gateway has an admin listener (metrics, reload).
         let yaml = if yaml.contains("{ADMIN_PORT}") {
@@ -333,7 +345,7 @@ impl Gateway {
                 .replace("{PORT}", &port.to_string())
                 .replace("{ADMIN_PORT}", &admin_port.to_string());
             std::fs::write(&path, text).expect("write config");
-            let child = Command::new(bin())
+            let child = Command::new(bin)
                 .args(["run", "--config"])
                 .arg(&path)
                 .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
@@ -370,6 +382,87 @@ impl Gateway {
 
     pub fn pid(&self) -> u32 {
         self.proc.0.id()
+    }
+
+    /// One POST of `body` to `path` as the agent with `key` (and `extra`
+    /// header lines) on a fresh connection, written by hand (no client
+    /// process between: its start would dwarf a small call's latency):
+    /// the status (0 when no answer came) and how long the answer took.
+    pub fn timed_post(
+        &self,
+        path: &str,
+        key: &str,
+        extra: &[&str],
+        body: &[u8],
+    ) -> (u16, Duration) {
+        use std::io::Read;
+        let started = Instant::now();
+        let Ok(mut s) = TcpStream::connect(self.addr) else {
+            return (0, started.elapsed());
+        };
+        let mut head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+            body.len()
+        );
+        for h in extra {
+            head += h;
+            head += "\r\n";
+        }
+        head += "\r\n";
+        let mut answer = Vec::new();
+        // A refusal may come (and the connection close) before the body
+        // is all written: the answer still counts.
+        let _ = s
+            .write_all(head.as_bytes())
+            .and_then(|()| s.write_all(body));
+        let _ = s.read_to_end(&mut answer);
+        let status = answer
+            .get(9..12)
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (status, started.elapsed())
+    }
+
+    /// Runs `during` while `senders` threads each POST `body` to `path` as
+    /// `key` (see [`Gateway::timed_post`]) back to back, the first of them
+    /// sent before `during` starts; returns what `during` returned and the
+    /// statuses the senders got, every POST counted to its answer.
+    pub fn while_posting<T>(
+        &self,
+        senders: usize,
+        (path, key, extra): (&str, &str, &[&str]),
+        body: &[u8],
+        during: impl FnOnce() -> T,
+    ) -> (T, Vec<u16>) {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let started = std::sync::Barrier::new(senders + 1);
+        std::thread::scope(|s| {
+            let threads: Vec<_> = (0..senders)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut statuses = Vec::new();
+                        let mut first = true;
+                        while first || !stop.load(Ordering::Relaxed) {
+                            if std::mem::take(&mut first) {
+                                started.wait();
+                            }
+                            statuses.push(self.timed_post(path, key, extra, body).0);
+                        }
+                        statuses
+                    })
+                })
+                .collect();
+            started.wait();
+            let out = during();
+            stop.store(true, Ordering::Relaxed);
+            let statuses = threads
+                .into_iter()
+                .flat_map(|t| t.join().expect("sender"))
+                .collect();
+            (out, statuses)
+        })
     }
 
     /// The value of one sample on the admin `/metrics` page, e.g.
@@ -780,6 +873,27 @@ pub fn post_mcp(
 /// [`post_json`]).
 pub fn post_chat(gw: &Gateway, key: &str, extra: &[&str]) -> Resp {
     post_json(gw, key, "/v1/chat/completions", extra, CHAT)
+}
+
+/// The `p`th percentile of `v` (nearest rank; `p` 100 is the largest),
+/// zero for none.
+pub fn percentile(v: &[Duration], p: usize) -> Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    match v.len() {
+        0 => Duration::ZERO,
+        n => v[(n * p / 100).min(n - 1)],
+    }
+}
+
+/// `p50 .., p90 .., max ..` of `v`.
+pub fn latency_summary(v: &[Duration]) -> String {
+    format!(
+        "p50 {:?}, p90 {:?}, max {:?}",
+        percentile(v, 50),
+        percentile(v, 90),
+        percentile(v, 100)
+    )
 }
 
 /// A real `redis-server` on a free loopback port (no persistence), stopped

@@ -69,6 +69,9 @@ pub struct ConnectionLimits {
     /// Body bytes a second that earn a second more (0: none do).
     pub body_min_rate: u64,
     pub idle_timeout: Duration,
+    /// What request bodies, and judging them, may hold in all
+    /// (`body_memory_bytes`; see `proxy::buffers`).
+    pub body_memory: u64,
     pub reserve_fds: usize,
     pub trusted: Vec<ipnet::IpNet>,
 }
@@ -82,6 +85,7 @@ impl Default for ConnectionLimits {
             body_timeout: Duration::from_secs(20),
             body_min_rate: 16 * 1024,
             idle_timeout: Duration::from_secs(60),
+            body_memory: crate::proxy::buffers::TOTAL_BYTES,
             reserve_fds: 128,
             trusted: Vec::new(),
         }
@@ -107,6 +111,7 @@ impl ConnectionLimits {
             "body_timeout_ms": self.body_timeout.as_millis() as u64,
             "body_min_bytes_per_sec": self.body_min_rate,
             "idle_timeout_ms": self.idle_timeout.as_millis() as u64,
+            "body_memory_bytes": self.body_memory,
             "reserve_fds": self.reserve_fds,
             "trusted": self.trusted.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
         })

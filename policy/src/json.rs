@@ -143,6 +143,117 @@ pub fn check_depth(bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// An upper bound of the bytes [`parse`] allocates at its peak for
+/// `bytes` (the tree it builds and the parser's scratch), from one byte
+/// scan that allocates nothing: what the gateway charges against its
+/// memory before it builds the tree. A tree's cost per byte of body is
+/// the body's shape's: `[0,0,...]` holds a 32-byte `Value` per 2 bytes,
+/// `[{"a":0},...]` an object's first B-tree node (632 bytes) per 8, plain
+/// text about its own size. `benches/tests/mcp_parse.rs` checks the bound
+/// against what judging MCP bodies of the costliest shapes allocates.
+///
+/// Counted: each non-empty object, its first B-tree leaf
+/// ([`COST_OF_OBJECT`]), and each member its share of the tree's nodes
+/// ([`COST_PER_MEMBER`]); each non-empty array, its first block, and each
+/// element its `Value` slot held three times while the array's buffer
+/// doubles (old and new block at once: [`COST_PER_ELEMENT`]); each string
+/// its bytes as written (never fewer than unescaped) and the allocator's
+/// rounding ([`COST_PER_STRING`]); and the parser's scratch buffer for
+/// an escaped string (one without escapes is copied straight from the
+/// body), three times the longest escaped one (held twice while it
+/// doubles, as much again as written). Nesting past 128 levels (which [`parse`] refuses) is counted
+/// as objects, the costlier.
+pub fn parse_cost(bytes: &[u8]) -> u64 {
+    // Bit `d` set: the container at depth `d + 1` is an object.
+    let (mut objects, mut depth) = (0u128, 0usize);
+    // A container just opened whose first byte is not seen yet (object?).
+    let mut opened: Option<bool> = None;
+    let (mut cost, mut longest) = (size_of::<Value>() as u64, 0u64);
+    let entry = |object: bool| match object {
+        true => COST_PER_MEMBER,
+        false => COST_PER_ELEMENT,
+    };
+    let mut i = 0usize;
+    while let Some(&b) = bytes.get(i) {
+        i += 1;
+        if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            continue;
+        }
+        if let Some(object) = opened.take() {
+            if !matches!(b, b']' | b'}') {
+                cost += entry(object)
+                    + if object {
+                        COST_OF_OBJECT
+                    } else {
+                        COST_OF_ARRAY
+                    };
+            }
+        }
+        match b {
+            b'"' => {
+                let (start, mut escaped) = (i, false);
+                loop {
+                    let Some(p) = bytes.get(i..).and_then(|r| memchr::memchr2(b'"', b'\\', r))
+                    else {
+                        i = bytes.len();
+                        break;
+                    };
+                    i += p;
+                    if bytes.get(i) == Some(&b'\\') {
+                        (i, escaped) = (i + 2, true);
+                    } else {
+                        break;
+                    }
+                }
+                let len = i.min(bytes.len()).saturating_sub(start) as u64;
+                cost += COST_PER_STRING + len;
+                if escaped {
+                    longest = longest.max(len);
+                }
+                i += 1;
+            }
+            b'[' | b'{' => {
+                let object = b == b'{';
+                if depth < 128 {
+                    let bit = 1u128 << depth;
+                    objects = if object {
+                        objects | bit
+                    } else {
+                        objects & !bit
+                    };
+                }
+                depth += 1;
+                opened = Some(object);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' => {
+                let object = depth > 128 || (depth > 0 && objects & (1u128 << (depth - 1)) != 0);
+                cost += entry(object);
+            }
+            _ => {}
+        }
+    }
+    cost + 3 * longest
+}
+
+/// [`parse_cost`]'s charge for a non-empty object: its first B-tree leaf
+/// (`BTreeMap<String, Value>`: 11 keys of 24 bytes, 11 values of 32, a
+/// parent pointer and lengths: 632 bytes).
+pub const COST_OF_OBJECT: u64 = 640;
+/// [`parse_cost`]'s charge for each member of an object: its share of the
+/// B-tree, 56 bytes in a leaf at least five of eleven full, and the
+/// internal nodes above (728 bytes, at least six children each).
+pub const COST_PER_MEMBER: u64 = 160;
+/// [`parse_cost`]'s charge for a non-empty array: its first block, room
+/// for four values.
+pub const COST_OF_ARRAY: u64 = 4 * 32;
+/// [`parse_cost`]'s charge for each element of an array: its 32-byte
+/// `Value` slot, held up to three times while the array's buffer doubles.
+pub const COST_PER_ELEMENT: u64 = 3 * 32;
+/// [`parse_cost`]'s charge for each string besides its bytes: the
+/// allocator's rounding of a small block.
+pub const COST_PER_STRING: u64 = 16;
+
 /// What made the visitor fail, kept aside: `serde_json` only carries our
 /// error as text, with its position.
 enum Fault {
@@ -253,6 +364,32 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::json;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn parse_cost_counts_what_a_tree_may_hold() {
+        let base = size_of::<Value>() as u64;
+        // Empty containers allocate nothing.
+        assert_eq!(parse_cost(b"[]"), base);
+        assert_eq!(parse_cost(b"{ }"), base);
+        // Three elements: a first block and three slots.
+        assert_eq!(
+            parse_cost(b"[1, 2, 3]"),
+            base + COST_OF_ARRAY + 3 * COST_PER_ELEMENT
+        );
+        // One member: a leaf, its share, the key.
+        assert_eq!(
+            parse_cost(br#"{"ab":1}"#),
+            base + COST_OF_OBJECT + COST_PER_MEMBER + COST_PER_STRING + 2
+        );
+        // A comma inside a string is text; an escaped string is counted
+        // for the parser's scratch too.
+        assert_eq!(parse_cost(br#""a,b""#), base + COST_PER_STRING + 3);
+        assert_eq!(parse_cost(br#""a\"b""#), base + COST_PER_STRING + 4 + 3 * 4);
+        // Whatever the input, no panic (an unclosed string, stray closers).
+        for bad in [&b"\"abc"[..], b"]]]}}", b"[\"\\", b"\\", b""] {
+            assert!(parse_cost(bad) >= base);
+        }
+    }
 
     fn nested(depth: usize) -> String {
         format!("{}1{}", "[".repeat(depth), "]".repeat(depth))

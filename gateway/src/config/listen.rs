@@ -66,6 +66,12 @@ pub(super) fn build_connections(
             c.idle_timeout_ms,
             ms(d.idle_timeout),
         )),
+        body_memory: positive(
+            errs,
+            "body_memory_bytes",
+            c.body_memory_bytes,
+            d.body_memory,
+        ),
         reserve_fds: c.reserve_fds.unwrap_or(d.reserve_fds),
         trusted,
     }

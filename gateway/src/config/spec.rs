@@ -128,6 +128,11 @@ pub struct ConnectionsSpec {
     /// (default 60000), then is closed quietly.
     #[serde(default)]
     pub idle_timeout_ms: Option<u64>,
+    /// Request bodies all agents may hold in memory at once while they are
+    /// read and judged, with what judging them allocates (default 512
+    /// MiB): past it, 503 `gateway_overloaded`.
+    #[serde(default)]
+    pub body_memory_bytes: Option<u64>,
     /// Descriptors kept out of the agents' share (default 128).
     #[serde(default)]
     pub reserve_fds: Option<usize>,

@@ -174,7 +174,7 @@ pub async fn admit(
     let agent_idx = authenticate(session, cfg)?;
     let rules = &cfg.agents[agent_idx];
     ctx.agent = Some(rules.name.clone());
-    ctx.intake.hold = Some(body_share(rules, bodies));
+    ctx.intake.hold = Some(body_share(rules, bodies, cfg.connections.body_memory));
     // The one reader of the task id: what the required-header rule sees
     // present is what the guards key on, or the request is refused.
     let task = task_id(session)?.map(str::to_string);
@@ -242,6 +242,7 @@ pub async fn admit(
 fn body_share(
     rules: &loopgate_policy::AgentRules,
     bodies: &Arc<super::buffers::BodyBuffers>,
+    total: u64,
 ) -> super::buffers::Held {
     let share = rules.max_body_bytes.saturating_mul(
         rules
@@ -250,7 +251,7 @@ fn body_share(
             .unwrap_or(super::buffers::DEFAULT_BODIES_PER_AGENT)
             .max(1),
     );
-    bodies.hold(rules.name.clone(), share, super::buffers::TOTAL_BYTES)
+    bodies.hold(rules.name.clone(), share, total)
 }
 
 /// Steps 3 to 5: limits, then the task guards, under one fail mode. A call
@@ -458,6 +459,30 @@ pub fn check_target(req: &pingora::http::RequestHeader) -> Result<(), GatewayErr
         ));
     }
     Ok(())
+}
+
+/// Bodies larger than this are judged off the runtime's threads
+/// ([`aside`]), whatever their kind.
+pub const JUDGE_ASIDE_BYTES: usize = 256 * 1024;
+
+/// Runs `work` (judging a large body) on the blocking pool, at most as
+/// many at once as there are CPUs, so the runtime's threads go on serving
+/// other requests meanwhile.
+pub async fn aside<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, GatewayError> {
+    static JUDGES: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    let judges = JUDGES.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        tokio::sync::Semaphore::new(cpus)
+    });
+    let _turn = judges
+        .acquire()
+        .await
+        .map_err(|_| GatewayError::Internal("the judging pool is closed".into()))?;
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| GatewayError::Internal(format!("judging the body failed: {e}")))
 }
 
 /// Reads the whole body, refusing it as soon as it is known to exceed

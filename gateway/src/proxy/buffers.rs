@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Bodies held at once by the whole gateway.
+/// Bodies held at once by the whole gateway, by default
+/// (`listen.connections.body_memory_bytes`).
 pub const TOTAL_BYTES: u64 = 512 * 1024 * 1024;
 /// Bodies an agent without `max_in_flight` may hold at once, in bodies of
 /// its `max_body_bytes`.
@@ -185,16 +186,33 @@ impl BodyIntake {
         }
     }
 
-    /// Charges what judging a body of `body` bytes may allocate, against
-    /// the gateway's total and an agent share that makes room for it (the
-    /// bodies alone stay within the share itself, so no more of them are
-    /// read than the agent may have in flight). Given back with
+    /// Charges `work`, what judging a body may allocate (a model call's:
+    /// [`JUDGING_PER_BODY_BYTE`] per byte; an MCP body's: the bound of its
+    /// `serde_json::Value` tree, `loopgate_policy::json::parse_cost`),
+    /// against the gateway's total and an agent share that makes room for
+    /// it (the bodies alone stay within the share itself, so no more of
+    /// them are read than the agent may have in flight). Work that could
+    /// never fit that room or the total is refused for good (413
+    /// `body_too_large`), not as a retryable overload. Given back with
     /// [`BodyIntake::shrink`] once judging is done.
-    pub fn judging(&mut self, body: u64) -> Result<u64, GatewayError> {
-        let work = body * JUDGING_PER_BODY_BYTE;
+    pub fn judging(&mut self, work: u64) -> Result<u64, GatewayError> {
         if let Some(h) = self.hold.as_mut() {
-            let cap = h.agent_cap.saturating_mul(1 + JUDGING_PER_BODY_BYTE);
-            h.grow_within(work, cap)?;
+            let room = h.agent_cap.saturating_mul(1 + JUDGING_PER_BODY_BYTE);
+            if work > room.min(h.total_cap) {
+                let mib = |b: u64| b.div_ceil(1 << 20);
+                return Err(Deny::new(
+                    DenyCode::BodyTooLarge,
+                    format!(
+                        "judging this body would hold ~{} MiB (a tree of its many small \
+                         values, arrays or objects), more than this agent may ({} MiB)",
+                        mib(work),
+                        mib(room.min(h.total_cap))
+                    ),
+                )
+                .never_retryable()
+                .into());
+            }
+            h.grow_within(work, room)?;
         }
         Ok(work)
     }

@@ -12,7 +12,9 @@
 //! `tools/call` feeds the task's loop guard and watchdog, and a per-tool
 //! call-rate window taken with the agent's limits in one store call.
 
-use super::admit::{declared_length, read_body, Caller, FailMode, Judged, Judgement};
+use super::admit::{
+    aside, declared_length, read_body, Caller, FailMode, Judged, Judgement, JUDGE_ASIDE_BYTES,
+};
 use super::call::MCP_METHODS;
 use super::ctx::{McpPlan, Plan, RequestCtx};
 use super::env::Env;
@@ -21,9 +23,11 @@ use super::respond::RpcReply;
 use crate::config::runtime::{McpAccess, McpServer};
 use crate::error::GatewayError;
 use bytes::Bytes;
+use loopgate_breaker::{Fingerprint, LoopConfig};
 use loopgate_policy::mcp::{self, ListFilter};
 use loopgate_policy::{Deny, DenyCode, Verdict, WindowTake};
 use pingora_proxy::Session;
+use serde_json::Value;
 use sha2::Digest;
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,8 +123,15 @@ pub async fn judge(
     let (body, judgement) = match method {
         http::Method::POST => {
             let body = read_body(session, rules.max_body_bytes, &mut ctx.intake).await?;
-            let judgement = judge_body(ctx, rules, &access, &body, verdict)?;
-            (body, Some(judgement))
+            // Judging builds the body's `serde_json::Value` tree, whose
+            // cost per byte the body's shape decides: the bound of it is
+            // charged like the body until the tree is gone.
+            let work = ctx
+                .intake
+                .judging(loopgate_policy::json::parse_cost(&body))?;
+            let judged = judge_body(ctx, caller, server, &access, &body, verdict).await;
+            ctx.intake.shrink(work);
+            (body, Some(judged?))
         }
         // GET and DELETE (`check_transport` let no other method through)
         // act on a session.
@@ -141,9 +152,9 @@ pub async fn judge(
         binds_session: false,
     };
     let (mut extra, mut loop_call) = (Vec::new(), None);
-    if let Some(j) = &judgement {
-        extra = call_windows(name, server, &access, rules.name.as_ref(), j);
-        loop_call = read_call(ctx, caller, server, &access, j, &mut call);
+    if let Some(read) = judgement {
+        extra = call_windows(name, server, &access, rules.name.as_ref(), &read.judgement);
+        loop_call = read_call(ctx, &access, read, &mut call);
     }
     if rules.is_dry_run(DenyCode::ToolNotAllowed) {
         // Dry-run shows what enforcement would hide: lists pass unfiltered.
@@ -242,43 +253,70 @@ fn check_transport(
 /// never the arguments). Returns the call as the loop guard sees it.
 fn read_call(
     ctx: &mut RequestCtx,
-    caller: &Caller<'_>,
-    server: &McpServer,
     access: &McpAccess,
-    j: &mcp::Judgement,
+    read: Read,
     call: &mut McpCall,
-) -> Option<loopgate_breaker::Fingerprint> {
+) -> Option<Fingerprint> {
+    let j = &read.judgement;
     call.lists = j.messages.iter().filter_map(|m| m.list.clone()).collect();
     call.binds_session = j.initializes();
-    let (tool, args) = j.calls().next()?;
-    let mut args = args.clone();
-    mcp::strip_noise(&mut args, &server.noise_fields);
+    let first = read.first?;
     let audit = ctx.mcp_audit.get_or_insert_with(McpAudit::default);
-    audit.tool = Some(loopgate_policy::clip(tool, 128).to_string());
-    audit.tool_label = access.grant.tools.matching(tool).map(|p| p.as_config());
-    audit.args_sha256 = Some(hex::encode(sha2::Sha256::digest(args.to_string())));
-    call.tool = Some(tool.to_string());
-    // What makes two calls the same call, for the loop guard.
-    caller.loop_guard().map(|cfg| {
-        loopgate_breaker::fingerprint(
-            &format!("mcp:{}:{tool}", call.server),
-            &serde_json::json!({ "tool": tool, "arguments": args }),
-            cfg,
-        )
-    })
+    audit.tool = Some(loopgate_policy::clip(&first.tool, 128).to_string());
+    audit.tool_label = access
+        .grant
+        .tools
+        .matching(&first.tool)
+        .map(|p| p.as_config());
+    audit.args_sha256 = Some(first.args_sha256);
+    call.tool = Some(first.tool);
+    first.fingerprint
+}
+
+/// A judged POST without its tree: the messages (their arguments gone)
+/// and what the first `tools/call` came to.
+struct Read {
+    judgement: mcp::Judgement,
+    /// Dry-run: the refusal enforcement would have answered.
+    would_deny: Option<loopgate_policy::Deny>,
+    first: Option<FirstCall>,
+}
+
+/// The first `tools/call` of a POST, read while its tree was held.
+struct FirstCall {
+    tool: String,
+    /// The digest of its arguments (noise fields removed), compact JSON.
+    args_sha256: String,
+    /// What makes two calls the same call, for the loop guard (when on).
+    fingerprint: Option<Fingerprint>,
 }
 
 /// Judges a POST body against the grant (dry-run: a call outside it goes
-/// through, recorded), and says which message a refusal answers.
-fn judge_body(
+/// through, recorded), and says which message a refusal answers. A body
+/// over [`JUDGE_ASIDE_BYTES`] is judged on the blocking pool, as a model
+/// call's is: its tree costs a few milliseconds per MiB to build.
+async fn judge_body(
     ctx: &mut RequestCtx,
-    rules: &loopgate_policy::AgentRules,
-    access: &McpAccess,
-    body: &[u8],
+    caller: &Caller<'_>,
+    server: &McpServer,
+    access: &Arc<McpAccess>,
+    body: &Bytes,
     verdict: &mut Verdict,
-) -> Result<mcp::Judgement, GatewayError> {
+) -> Result<Read, GatewayError> {
+    let rules = caller.rules();
+    let dry = [DenyCode::ToolNotAllowed, DenyCode::PathNotAllowed].map(|c| rules.is_dry_run(c));
+    let read = if body.len() <= JUDGE_ASIDE_BYTES {
+        let (noise, loops) = (&server.noise_fields, caller.loop_guard());
+        parse_and_judge(&access.grant, dry, body, noise, loops, &server.name)
+    } else {
+        let (grant, body) = (access.clone(), body.clone());
+        let (noise, loops) = (server.noise_fields.clone(), caller.loop_guard().cloned());
+        let name = server.name.clone();
+        aside(move || parse_and_judge(&grant.grant, dry, &body, &noise, loops.as_ref(), &name))
+            .await?
+    };
     let batch = body.first() == Some(&b'[');
-    let refused = |ctx: &mut RequestCtx, r: mcp::Refused| {
+    let read = read.map_err(|r| {
         ctx.rpc_reply = Some(RpcReply { id: r.id, batch });
         if let Some(a) = ctx.mcp_audit.as_mut() {
             // What the refused message was, as the judge read it (the one
@@ -290,28 +328,90 @@ fn judge_body(
             a.tool = r.tool.map(String::from);
         }
         GatewayError::Denied(r.deny)
-    };
-    let judgement = match mcp::judge(&access.grant, body) {
-        Ok(j) => j,
-        Err(r)
-            if matches!(
-                r.deny.code,
-                DenyCode::ToolNotAllowed | DenyCode::PathNotAllowed
-            ) && rules.is_dry_run(r.deny.code) =>
-        {
-            verdict.would_deny = Some(r.deny);
-            mcp::judge(&allow_all(), body).map_err(|r| refused(ctx, r))?
-        }
-        Err(r) => return Err(refused(ctx, r)),
-    };
+    })?;
+    if let Some(d) = &read.would_deny {
+        verdict.would_deny = Some(d.clone());
+    }
+    let j = &read.judgement;
     ctx.rpc_reply = Some(RpcReply {
-        id: judgement.answer_id(),
-        batch: judgement.batch,
+        id: j.answer_id(),
+        batch: j.batch,
     });
     if let Some(a) = ctx.mcp_audit.as_mut() {
-        a.method = loopgate_policy::clip(judgement.method_summary(), 64).to_string();
+        a.method = loopgate_policy::clip(j.method_summary(), 64).to_string();
     }
-    Ok(judgement)
+    Ok(read)
+}
+
+/// [`judge_body`]'s work that needs the tree, on the calling thread: the
+/// judgement (under dry-run for `dry`'s codes, tool and path, a refusal
+/// is recorded and the shape judged alone), then the first call's digest
+/// and fingerprint, its arguments moved out of the tree, never copied;
+/// every other call's arguments are dropped before it returns, so what it
+/// returns holds no tree.
+fn parse_and_judge(
+    grant: &mcp::McpGrant,
+    dry: [bool; 2],
+    body: &[u8],
+    noise: &[String],
+    loops: Option<&LoopConfig>,
+    server: &str,
+) -> Result<Read, mcp::Refused> {
+    let (mut judgement, would_deny) = match mcp::judge(grant, body) {
+        Ok(j) => (j, None),
+        Err(r)
+            if (r.deny.code == DenyCode::ToolNotAllowed && dry[0])
+                || (r.deny.code == DenyCode::PathNotAllowed && dry[1]) =>
+        {
+            (mcp::judge(&allow_all(), body)?, Some(r.deny))
+        }
+        Err(r) => return Err(r),
+    };
+    let mut first = None;
+    for m in &mut judgement.messages {
+        let Some((tool, args)) = m.tool.as_mut() else {
+            continue;
+        };
+        let mut args = std::mem::take(args);
+        if first.is_some() {
+            continue;
+        }
+        mcp::strip_noise(&mut args, noise);
+        let mut digest = DigestWriter(sha2::Sha256::new());
+        // Compact JSON, as `Value::to_string` writes it, streamed.
+        let _ = serde_json::to_writer(&mut digest, &args);
+        let tool = tool.clone();
+        let fingerprint = loops.map(|cfg| {
+            let call = Value::Object(serde_json::Map::from_iter([
+                ("tool".to_string(), Value::String(tool.clone())),
+                ("arguments".to_string(), args),
+            ]));
+            loopgate_breaker::fingerprint(&format!("mcp:{server}:{tool}"), &call, cfg)
+        });
+        first = Some(FirstCall {
+            tool,
+            args_sha256: hex::encode(digest.0.finalize()),
+            fingerprint,
+        });
+    }
+    Ok(Read {
+        judgement,
+        would_deny,
+        first,
+    })
+}
+
+/// Feeds what is written to a SHA-256.
+struct DigestWriter(sha2::Sha256);
+
+impl std::io::Write for DigestWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A grant allowing everything (dry-run judges the shape only).

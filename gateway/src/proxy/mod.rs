@@ -17,7 +17,7 @@
 
 mod admit;
 mod attempt;
-mod buffers;
+pub(crate) mod buffers;
 mod call;
 mod ctx;
 mod env;

@@ -4,7 +4,9 @@
 //! sent to a cheaper model's route. The output limit is written per
 //! attempt, for its target ([`output_edit`]).
 
-use super::admit::{read_body, Answer, Caller, FailMode, Judged, Judgement};
+use super::admit::{
+    aside, read_body, Answer, Caller, FailMode, Judged, Judgement, JUDGE_ASIDE_BYTES,
+};
 use super::ctx::{ModelPlan, Plan, RequestCtx};
 use crate::config::runtime::Route;
 use crate::error::GatewayError;
@@ -38,7 +40,9 @@ pub async fn judge(
     }
     let body = read_body(session, rules.max_body_bytes, &mut ctx.intake).await?;
     // What judging allocates is charged like the body while it runs.
-    let work = ctx.intake.judging(body.len() as u64)?;
+    let work = ctx
+        .intake
+        .judging(body.len() as u64 * super::buffers::JUDGING_PER_BODY_BYTE)?;
     // Held until the context guard has counted too (on a refusal, until
     // the request ends).
     let (facts, loop_call) = judge_body(endpoint, &body, rules, caller.loop_guard()).await?;
@@ -132,9 +136,6 @@ async fn context_guard(
     Ok(aside(move || check(&sent, &body)).await??)
 }
 
-/// Bodies larger than this are judged off the runtime's threads.
-const JUDGE_ASIDE_BYTES: usize = 256 * 1024;
-
 /// Judges the body (facts, blocked phrases) and, when the task's loop
 /// guard is on (`loops`), fingerprints it from the tokens of the same one
 /// pass (as the agent sent it: the output limit is written per attempt).
@@ -156,26 +157,6 @@ async fn judge_body(
     }
     let (body, phrases, loops) = (body.clone(), rules.phrases.clone(), loops.cloned());
     Ok(aside(move || judge_now(endpoint, &body, phrases.as_deref(), loops.as_ref())).await??)
-}
-
-/// Runs `work` (judging a large body) on the blocking pool, at most as
-/// many at once as there are CPUs, so the runtime's threads go on serving
-/// other requests meanwhile.
-async fn aside<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, GatewayError> {
-    static JUDGES: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
-    let judges = JUDGES.get_or_init(|| {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        tokio::sync::Semaphore::new(cpus)
-    });
-    let _turn = judges
-        .acquire()
-        .await
-        .map_err(|_| GatewayError::Internal("the judging pool is closed".into()))?;
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| GatewayError::Internal(format!("judging the body failed: {e}")))
 }
 
 /// [`judge_body`]'s work, on the calling thread.

@@ -1,0 +1,153 @@
+//! What judging allocates is charged against the gateway's body memory
+//! (#35 item 2), over real sockets: with a small total
+//! (`listen.connections.body_memory_bytes`), a large call in flight (held
+//! at the mock by `x-mock-latency-ms`) and a second body whose raw bytes
+//! fit beside it but whose judging does not, the second is refused with
+//! 503 `gateway_overloaded` (JSON-RPC on `/mcp`), nothing of it reaches
+//! the upstream, the first is answered whole, and once the first is done
+//! the same second body passes. Without the charge the second passes at
+//! once (these tests fail).
+
+use loopgate_tests::*;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+const MIB: usize = 1024 * 1024;
+/// How long the mock holds the first call: it must still be in flight
+/// while the second is judged (a loopback POST of a few MiB), and the
+/// test waits for it once.
+const HOLD_MS: &str = "x-mock-latency-ms: 5000";
+
+/// A gateway whose bodies may hold `total` bytes, serving `gpt-4o-mini`
+/// and the MCP server `files` to the test agent.
+fn config(mock: &Mock, total: usize) -> String {
+    format!(
+        r#"
+listen: {{ address: "127.0.0.1:{{PORT}}", connections: {{ body_memory_bytes: {total} }} }}
+threads: 2
+{providers}
+models:
+  gpt-4o-mini: {{ context_window: 1000000000 }}
+mcp_servers:
+  files:
+    url: "{mock}/mcp"
+    auth: {{ bearer_env: LOOPGATE_TEST_TOOL_KEY }}
+policy:
+  max_body_bytes: {max_body}
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: [gpt-4o-mini]
+    mcp_access:
+      files: {{ tools: [read_file] }}
+"#,
+        providers = oa_provider(mock, "gpt-4o-mini", ""),
+        mock = mock.url(),
+        max_body = 8 * MIB,
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+    )
+}
+
+/// A chat completion of about `size` bytes of plain text.
+fn chat(size: usize) -> Vec<u8> {
+    let text = "a".repeat(size - 100);
+    json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": text}]})
+        .to_string()
+        .into_bytes()
+}
+
+/// A `tools/call` of `read_file` with these arguments.
+fn call(id: u64, arguments: Value) -> Vec<u8> {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "read_file", "arguments": arguments}})
+    .to_string()
+    .into_bytes()
+}
+
+/// `first` is sent and held at the mock; meanwhile `second` (whose raw
+/// bytes fit beside it, but not with its judging) gets `refused`'s
+/// checks. Then the first is answered whole, nothing of the second went
+/// upstream, and the second passes once the first is done. `send` posts
+/// a body, with extra curl arguments.
+fn second_waits_for_the_first(
+    mock: &Mock,
+    first: &[u8],
+    second: &[u8],
+    send: &(dyn Fn(&[&str], &[u8]) -> Resp + Sync),
+    refused: &dyn Fn(&Resp),
+) {
+    let first_done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let holder = s.spawn(|| {
+            let r = send(&["-H", HOLD_MS], first);
+            first_done.store(true, Ordering::SeqCst);
+            r
+        });
+        assert!(
+            eventually(20, || mock.received() == 1),
+            "the first call reached the mock"
+        );
+        let r = send(&[], second);
+        assert!(
+            !first_done.load(Ordering::SeqCst),
+            "the first call was answered before the second was judged: this run proves nothing"
+        );
+        refused(&r);
+        let held = holder.join().expect("holder");
+        assert_eq!(held.status, 200, "{}", held.text());
+    });
+    // Nothing of the refused body went upstream; the first went whole.
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 1, "only the first call reached the mock");
+    assert_eq!(seen[0]["body_sha256"], sha256_hex(first));
+    // Its charges given back, the same second body passes.
+    let r = send(&[], second);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(mock.requests()[1]["body_sha256"], sha256_hex(second));
+}
+
+#[test]
+fn a_model_body_whose_judging_does_not_fit_is_refused_then_passes() {
+    let mock = Mock::start();
+    // 6 MiB in all. The first body, 2.75 MiB, holds its bytes while the
+    // mock holds its call (its judging, as much again, fit on its own).
+    // The second, 2.5 MiB: 5.25 MiB of bodies fit, 7.75 MiB with its
+    // judging do not.
+    let gw = Gateway::start(&config(&mock, 6 * MIB));
+    let (first, second) = (chat(11 * MIB / 4), chat(5 * MIB / 2));
+    let send = |extra: &[&str], body: &[u8]| {
+        post_json(&gw, AGENT_KEY, "/v1/chat/completions", extra, body)
+    };
+    second_waits_for_the_first(&mock, &first, &second, &send, &|r| {
+        r.assert_gateway_error(503, "gateway_overloaded");
+        assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    });
+}
+
+#[test]
+fn an_mcp_body_whose_tree_does_not_fit_is_refused_then_passes() {
+    let mock = Mock::start();
+    // 8 MiB in all. The first body is 3.5 MiB of text (its tree costs
+    // about its size). The second is 96 KiB of small numbers, whose
+    // `serde_json::Value` tree costs ~48 bytes a number of 2 bytes
+    // (4.5 MiB charged): the bodies fit (3.6 MiB), the tree beside them
+    // does not (8.1 MiB).
+    let gw = Gateway::start(&config(&mock, 8 * MIB));
+    let first = call(1, json!({"path": "a".repeat(7 * MIB / 2)}));
+    let second = call(2, json!({"path": "/a", "v": vec![0; 48 * 1024]}));
+    let send = |extra: &[&str], body: &[u8]| post_mcp(&gw, AGENT_KEY, "files", extra, body);
+    second_waits_for_the_first(&mock, &first, &second, &send, &|r| {
+        r.assert_rpc_error(503, Value::Null, "gateway_overloaded");
+    });
+    // A tree that could never fit the total is refused for good, not as
+    // an overload to retry: 512 KiB of small numbers (~24 MiB of tree).
+    let r = post_mcp(
+        &gw,
+        AGENT_KEY,
+        "files",
+        &[],
+        call(3, json!({"v": vec![0; 256 * 1024]})),
+    );
+    r.assert_rpc_error(413, Value::Null, "body_too_large");
+    assert_eq!(mock.received(), 2, "nothing more reached the mock");
+}
