@@ -41,6 +41,10 @@ pub struct ConfigSpec {
     pub mcp_servers: BTreeMap<String, McpServerSpec>,
     #[serde(default)]
     pub agents: BTreeMap<String, AgentSpec>,
+    /// Money budgets shared by the agents that name the team
+    /// (`agents.<a>.team`).
+    #[serde(default)]
+    pub teams: BTreeMap<String, TeamSpec>,
     #[serde(default)]
     pub policy: PolicySpec,
     /// Where shared state lives: the embedded memory store (default, one
@@ -602,6 +606,10 @@ pub struct AgentSpec {
     /// `openai-project`, `anthropic-beta`); stripped otherwise.
     #[serde(default)]
     pub forward_headers: Option<Vec<String>>,
+    /// The team (from `teams:`) whose money budgets this agent also
+    /// spends from; at most one.
+    #[serde(default)]
+    pub team: Option<String>,
     // The rest override the same fields of `policy:` for this agent. They
     // are spelled out twice (here and in `PolicySpec`) on purpose: serde's
     // `flatten` does not work with `deny_unknown_fields`, and strictness wins.
@@ -728,6 +736,27 @@ pub struct BudgetsSpec {
     /// Output reserved when a request sets no `max_tokens`. Default 1024.
     #[serde(default)]
     pub default_max_tokens: Option<u64>,
+    /// US dollars one task may spend in all.
+    #[serde(default)]
+    pub task_usd: Option<f64>,
+    /// US dollars the agent may spend in any 24 hours.
+    #[serde(default)]
+    pub daily_usd: Option<f64>,
+    /// US dollars the agent may spend in any 30 days (a sliding month).
+    #[serde(default)]
+    pub monthly_usd: Option<f64>,
+}
+
+/// A team's money budgets (`teams.<name>`), shared by its agents.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamSpec {
+    /// US dollars the team's agents may spend together in any 24 hours.
+    #[serde(default)]
+    pub daily_usd: Option<f64>,
+    /// US dollars in any 30 days.
+    #[serde(default)]
+    pub monthly_usd: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -70,6 +70,8 @@ pub struct Judged {
     pub max_tokens: u64,
     pub task_budget: bool,
     pub extra: Vec<WindowTake>,
+    /// A model call under a money budget: what it reserves.
+    pub money: Option<loopgate_policy::MoneyAsk>,
     /// The call's fingerprint for the loop guard (`None`: not a guarded
     /// call).
     pub loop_call: Option<loopgate_breaker::Fingerprint>,
@@ -214,6 +216,7 @@ pub async fn admit(
     };
     if let Plan::Model(m) = &mut j.plan {
         m.budget_room = taken.budget_room;
+        m.money_room = taken.money_room;
     }
     Ok(Admitted::Forward(
         Arc::new(Admission {
@@ -282,6 +285,7 @@ async fn shared_steps(
         estimated_prompt: j.estimated_prompt,
         max_tokens: Some(j.max_tokens),
         task: caller.task.filter(|_| j.task_budget),
+        money: j.money,
     };
     let taken = rules
         .admit_limits(env.store, env.clock.now(), &limits, verdict)

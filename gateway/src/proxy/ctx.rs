@@ -63,8 +63,14 @@ pub struct ModelPlan {
     pub stream: bool,
     /// The model the agent asked for, when the watchdog degraded it.
     pub degraded_from: Option<String>,
-    /// Output tokens a stream may produce before its budget is spent.
+    /// Output tokens a stream may produce before its token budget is spent.
     pub budget_room: Option<u64>,
+    /// Output tokens a stream may produce before its money budgets are
+    /// spent (at the output price reserved at).
+    pub money_room: Option<u64>,
+    /// The prompt's estimated tokens (what a cut stream is settled with:
+    /// its usage never came).
+    pub estimated_prompt: u64,
     /// The body's output limit, written per attempt for its target.
     pub output: loopgate_policy::OutputLimit,
 }
@@ -178,6 +184,8 @@ pub struct RequestCtx {
     pub lease: Option<Lease>,
     /// Limit windows whose reservation the reported usage replaces.
     pub settle_keys: Vec<Arc<str>>,
+    /// Money windows whose reservation the reported usage's cost replaces.
+    pub money_keys: Vec<Arc<str>>,
     /// Usage a large-body subrequest reported (its meter read it).
     pub reported_usage: Option<Usage>,
     /// Answered from an idempotency record, not forwarded.
@@ -217,6 +225,7 @@ impl RequestCtx {
             error_code: None,
             lease: None,
             settle_keys: Vec::new(),
+            money_keys: Vec::new(),
             reported_usage: None,
             replayed: false,
             mcp_audit: None,

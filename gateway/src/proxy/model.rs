@@ -9,13 +9,14 @@ use super::admit::{
 };
 use super::ctx::{ModelPlan, Plan, RequestCtx};
 use crate::config::runtime::Route;
+use crate::config::spec::UnknownPrice;
 use crate::error::GatewayError;
 use bytes::Bytes;
 use loopgate_breaker::{Fingerprint, Fingerprinter, LoopConfig};
 use loopgate_policy::prompt::ContextCheck;
 use loopgate_policy::{
     clip, inspect_body, inspect_body_with, replace_model, AgentRules, BodyFacts, Deny, DenyCode,
-    Endpoint, Verdict,
+    Endpoint, MoneyAsk, Verdict,
 };
 use pingora_proxy::Session;
 use std::sync::Arc;
@@ -61,6 +62,15 @@ pub async fn judge(
     let context_share =
         context_guard(endpoint, &route, &facts, &body, plan.output_tokens, watch).await?;
     ctx.intake.shrink(work);
+    let money = money_ask(
+        caller,
+        endpoint,
+        &route,
+        &facts,
+        plan.output_tokens,
+        verdict,
+    )?;
+    let estimated_prompt = facts.estimated_prompt_tokens();
     Ok(Judgement::Forward(Box::new(Judged {
         route_name,
         route,
@@ -69,10 +79,11 @@ pub async fn judge(
         body_rewritten: false,
         // Model calls have no fail_mode: what cannot be decided is refused.
         fail: FailMode::new(false),
-        estimated_prompt: facts.estimated_prompt_tokens(),
+        estimated_prompt,
         max_tokens: plan.output_tokens,
         task_budget: true,
         extra: Vec::new(),
+        money,
         loop_call,
         watched: true,
         context_share,
@@ -84,6 +95,8 @@ pub async fn judge(
             stream: facts.stream,
             degraded_from: None,
             budget_room: None,
+            money_room: None,
+            estimated_prompt,
             output: plan.output,
         }),
     })))
@@ -134,6 +147,57 @@ async fn context_guard(
     // Counting a large prompt's tokens is judging work too.
     let (sent, body) = (sent.to_string(), body.clone());
     Ok(aside(move || check(&sent, &body)).await??)
+}
+
+/// What a model call reserves from its agent's money budgets, when any
+/// applies: the prompt estimate at the input price plus the output limit
+/// (`max_tokens` × `n`, the inserted limit, or `budgets.default_max_tokens`;
+/// none for embeddings) at the output price. The price is the dearest of
+/// the route's targets (a fallback may serve it), so the reservation
+/// covers whichever answers. A target without a price is refused with 402
+/// `price_unknown` under `on_unknown_price: deny`, or counted as free
+/// under `zero`.
+fn money_ask(
+    caller: &Caller<'_>,
+    endpoint: Endpoint,
+    route: &Route,
+    facts: &BodyFacts,
+    output_tokens: u64,
+    verdict: &mut Verdict,
+) -> Result<Option<MoneyAsk>, Deny> {
+    let rules = caller.rules();
+    if !rules.money_budgeted() {
+        return Ok(None);
+    }
+    let price = match (route.call_price(&facts.model), caller.cfg.on_unknown_price) {
+        (Ok(p), _) => p,
+        (Err(_), UnknownPrice::Zero) => route.known_price(&facts.model),
+        (Err(sent), UnknownPrice::Deny) => {
+            let deny = Deny::new(
+                DenyCode::PriceUnknown,
+                format!(
+                    "model `{}` has no price, and agent `{}` spends under a money budget \
+                     (on_unknown_price: deny); give it a price under `models:` or its provider",
+                    clip(sent, 200),
+                    rules.name
+                ),
+            )
+            .never_retryable();
+            verdict.judge_external(rules, Some(deny))?;
+            // Dry-run: reported, and counted at the prices known.
+            route.known_price(&facts.model)
+        }
+    };
+    let output = match endpoint {
+        Endpoint::Embeddings => 0,
+        _ => output_tokens,
+    };
+    let prompt = facts.estimated_prompt_tokens();
+    Ok(Some(MoneyAsk {
+        reserve: price.reserve_micros(prompt, output),
+        prompt: price.reserve_micros(prompt, 0),
+        price,
+    }))
 }
 
 /// Judges the body (facts, blocked phrases) and, when the task's loop

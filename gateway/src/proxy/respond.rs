@@ -80,7 +80,25 @@ pub fn render_json(e: &GatewayError, request_id: &str, tool_call: bool) -> Vec<u
     if tool_call {
         v["error"]["upstream_failed"] = serde_json::Value::Bool(e.upstream_failed());
     }
+    if let Some(b) = budget_json(e) {
+        v["error"]["budget"] = b;
+    }
     serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// A money budget's refusal, in numbers:
+/// `{"level": "agent_day", "limit_usd": 5.0, "reserved_usd": 0.0123}`.
+fn budget_json(e: &GatewayError) -> Option<serde_json::Value> {
+    use loopgate_policy::price::micros_to_usd;
+    let GatewayError::Denied(d) = e else {
+        return None;
+    };
+    let b = d.budget.as_deref()?;
+    Some(serde_json::json!({
+        "level": b.level.as_str(),
+        "limit_usd": micros_to_usd(b.limit),
+        "reserved_usd": micros_to_usd(b.reserve),
+    }))
 }
 
 /// The JSON-RPC error answering an MCP request: `error.data` carries the
