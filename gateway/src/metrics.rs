@@ -37,6 +37,8 @@ pub struct Metrics {
     pub budget_cuts: IntCounterVec,
     /// Share of each money budget used, by agent and scope (a fixed set).
     budget_used: GaugeVec,
+    /// Watched calls whose task was predicted to overrun its money budget.
+    pub predicted_overruns: IntCounterVec,
     /// 1 while the shared state store (Redis) answers; 1 for memory.
     pub state_available: IntGauge,
     /// Admissions made on local limits while Redis was away.
@@ -161,6 +163,13 @@ impl Metrics {
             guard: reg!(IntCounterVec::new(
                 counter("loopgate_guard_total", "Watchdog actions by agent: warn, degrade, stop."),
                 &["agent", "action"]
+            )),
+            predicted_overruns: reg!(IntCounterVec::new(
+                counter(
+                    "loopgate_predicted_overruns_total",
+                    "Calls of tasks whose predicted spend crossed the task's money budget, by agent."
+                ),
+                &["agent"]
             )),
             budget_cuts: reg!(IntCounterVec::new(
                 counter("loopgate_budget_cuts_total", "Streams cut because they outgrew their token or money budget."),

@@ -49,6 +49,14 @@ pub struct Prediction {
     pub over: bool,
 }
 
+/// An agent's spend prediction: how far to look, and whether a predicted
+/// overrun is the watchdog's yellow (a warning) or its red (its action).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forecast {
+    pub horizon: Horizon,
+    pub act: bool,
+}
+
 /// How far to look: the task's expected length when the agent's config
 /// says it, else this many steps ahead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

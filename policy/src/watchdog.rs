@@ -31,6 +31,8 @@ pub struct WatchdogConfig {
     pub red: Thresholds,
     pub action: RedAction,
     pub idle_ttl: Duration,
+    /// Spend prediction against the task's money budget, when configured.
+    pub predict: Option<crate::predict::Forecast>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -297,6 +299,7 @@ mod tests {
             },
             action: RedAction::Stop,
             idle_ttl: 3600 * S,
+            predict: None,
         }
     }
 
@@ -646,6 +649,7 @@ mod measure {
             red: Thresholds::default(),
             action: RedAction::Stop,
             idle_ttl: 3600 * s,
+            predict: None,
         };
         let n: usize = std::env::var("NEW_TASKS")
             .ok()

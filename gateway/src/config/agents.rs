@@ -114,8 +114,19 @@ pub(super) fn build_agents(
                 ),
             }
         }
-        out.guards
-            .push(build_guards(errs, &at, a, defaults.policy, &rules.models));
+        let guards = build_guards(errs, &at, a, defaults.policy, &rules.models);
+        let predicts = guards
+            .watchdog
+            .as_ref()
+            .is_some_and(|w| w.predict.is_some());
+        if predicts && rules.budgets.task_usd.is_none() {
+            // A prediction is judged against the task's money budget.
+            errs.push(
+                format!("{at}.watchdog.predict"),
+                "needs a task money budget (`budgets.task_usd`) to predict against",
+            );
+        }
+        out.guards.push(guards);
         out.forward_headers.push(build_forward_headers(
             errs,
             &format!("{at}.forward_headers"),
@@ -456,6 +467,9 @@ fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<Loo
     })
 }
 
+/// Steps a spend prediction looks ahead without an expected length.
+const DEFAULT_LOOKAHEAD: u64 = 5;
+
 /// The watchdog's default yellow context occupancy.
 const DEFAULT_CONTEXT_SHARE: f64 = 0.8;
 
@@ -506,11 +520,29 @@ fn build_watchdog(
     // A watched task is warned when a prompt fills most of its model's
     // window, unless told otherwise.
     yellow.context_share = yellow.context_share.or(Some(DEFAULT_CONTEXT_SHARE));
+    let predict = w.predict.as_ref().map(|p| {
+        for (f, v) in [
+            ("expected_steps", p.expected_steps),
+            ("lookahead_steps", p.lookahead_steps),
+        ] {
+            if v == Some(0) {
+                errs.push(format!("{at}.watchdog.predict.{f}"), "must be at least 1");
+            }
+        }
+        loopgate_policy::predict::Forecast {
+            horizon: loopgate_policy::predict::Horizon {
+                expected_steps: p.expected_steps,
+                lookahead: p.lookahead_steps.unwrap_or(DEFAULT_LOOKAHEAD),
+            },
+            act: p.on_overrun == Some(spec::OnOverrunSpec::Act),
+        }
+    });
     Some(WatchdogConfig {
         yellow,
         red: thresholds(errs, &format!("{at}.watchdog.red"), &w.red),
         action,
         idle_ttl: Duration::from_secs(3600),
+        predict,
     })
 }
 

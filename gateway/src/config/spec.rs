@@ -796,4 +796,32 @@ pub struct WatchdogSpec {
     /// With `action: degrade`: the cheaper model (allowed and routed).
     #[serde(default)]
     pub degrade_to: Option<String>,
+    /// Spend prediction against the task's money budget.
+    #[serde(default)]
+    pub predict: Option<PredictSpec>,
+}
+
+/// Spend prediction: each task's cost per step is fitted as it goes, and
+/// a task predicted to overrun its money budget is warned (or acted on).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictSpec {
+    /// Steps this agent's tasks are expected to take: the spend is
+    /// predicted at that step. Without it, `lookahead_steps` ahead.
+    #[serde(default)]
+    pub expected_steps: Option<u64>,
+    /// Default 5.
+    #[serde(default)]
+    pub lookahead_steps: Option<u64>,
+    /// `warn` (default): a predicted overrun is yellow; `act`: red, the
+    /// watchdog's action (degrade or stop) before the budget is spent.
+    #[serde(default)]
+    pub on_overrun: Option<OnOverrunSpec>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOverrunSpec {
+    Warn,
+    Act,
 }

@@ -31,8 +31,13 @@ pub struct Admission {
     /// The agent's watchdog keeps task state this long: each finished
     /// call of a watched task feeds its latency EMA.
     pub watch_ttl: Option<Duration>,
+    /// Each settled step's cost feeds the task's spend fit, kept this
+    /// long (the watchdog predicts the task's spend).
+    pub spend_fit: Option<Duration>,
     /// `x-loopgate-guard`: `warn` (watchdog yellow) or `degraded`.
     pub guard: Option<&'static str>,
+    /// `x-loopgate-predicted-usd`: the task's predicted spend.
+    pub predicted_usd: Option<f64>,
     /// Forwarded under `fail_mode: open` although the gateway could not
     /// decide: the deny code it would otherwise have answered with.
     pub fail_open: Option<DenyCode>,
@@ -240,6 +245,20 @@ impl RequestCtx {
             .as_ref()
             .and_then(|m| m.usage())
             .or(self.reported_usage)
+    }
+
+    /// What the answer cost, from the reported usage at the price of the
+    /// model the provider that answered was sent: the catalog's name for
+    /// the model (a bounded label) and dollars.
+    pub fn cost(&self) -> Option<(&str, f64)> {
+        let (usage, adm, served) = (
+            self.usage()?,
+            self.admitted.as_deref()?,
+            self.served_by.as_deref()?,
+        );
+        let m = adm.model()?;
+        adm.route
+            .cost(served, &m.model, adm.route_name.as_ref(), &usage)
     }
 
     /// This context talked to the upstream itself (not its subrequest).

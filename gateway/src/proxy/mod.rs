@@ -322,6 +322,7 @@ impl ProxyHttp for Gateway {
                 upstream_status: ctx.upstream_status,
                 sent: ctx.upstream_first_at.is_some(),
                 elapsed: ctx.started.elapsed(),
+                cost_usd: ctx.cost().map(|(_, usd)| usd),
             };
             ctx.features.done(&self.env(), &adm, &end).await;
         }

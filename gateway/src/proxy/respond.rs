@@ -16,6 +16,8 @@ pub const WOULD_DENY_HEADER: &str = "x-loopgate-would-deny";
 pub const PROVIDER_HEADER: &str = "x-loopgate-provider";
 pub const FALLBACK_HEADER: &str = "x-loopgate-fallback";
 pub const GUARD_HEADER: &str = "x-loopgate-guard";
+/// The task's predicted spend in dollars (watchdog spend prediction).
+pub const PREDICTED_HEADER: &str = "x-loopgate-predicted-usd";
 pub const DEGRADED_HEADER: &str = "x-loopgate-degraded";
 /// Forwarded under `fail_mode: open`: why the gateway could not decide.
 pub const FAIL_OPEN_HEADER: &str = "x-loopgate-fail-open";
@@ -200,6 +202,9 @@ pub fn decision_headers(resp: &mut ResponseHeader, ctx: &RequestCtx) -> pingora:
         }
         if let Some(g) = adm.guard {
             resp.insert_header(GUARD_HEADER, g)?;
+        }
+        if let Some(usd) = adm.predicted_usd {
+            resp.insert_header(PREDICTED_HEADER, format!("{usd:.6}"))?;
         }
         if let Some(m) = adm.model() {
             if let Some(from) = &m.degraded_from {
