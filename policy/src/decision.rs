@@ -60,10 +60,13 @@ pub enum DenyCode {
     InvalidHeader,
     /// The prompt plus the output limit exceeds the model's context window.
     ContextWindowExceeded,
+    /// The route may send the call to a provider of the other API family,
+    /// and the request says something that family cannot (issue 24).
+    UntranslatableRequest,
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 34] = [
+    pub const ALL: [DenyCode; 35] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -98,6 +101,7 @@ impl DenyCode {
         DenyCode::SessionNotOwned,
         DenyCode::InvalidHeader,
         DenyCode::ContextWindowExceeded,
+        DenyCode::UntranslatableRequest,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -136,6 +140,7 @@ impl DenyCode {
             DenyCode::SessionNotOwned => "session_not_owned",
             DenyCode::InvalidHeader => "invalid_header",
             DenyCode::ContextWindowExceeded => "context_window_exceeded",
+            DenyCode::UntranslatableRequest => "untranslatable_request",
         }
     }
 
@@ -163,6 +168,7 @@ impl DenyCode {
             | DenyCode::InvalidMessages
             | DenyCode::MaxTokensExceeded
             | DenyCode::ContextWindowExceeded
+            | DenyCode::UntranslatableRequest
             | DenyCode::TooManyMessages => 400,
             DenyCode::RateLimited | DenyCode::TooManyInFlight | DenyCode::TaskStopped => 429,
             DenyCode::BudgetExceeded => 402,
@@ -207,6 +213,7 @@ impl DenyCode {
             | DenyCode::InvalidMessages
             | DenyCode::MaxTokensExceeded
             | DenyCode::ContextWindowExceeded
+            | DenyCode::UntranslatableRequest
             | DenyCode::TooManyMessages => "invalid_request_error",
         }
     }
