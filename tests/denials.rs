@@ -175,10 +175,12 @@ fn every_denial_is_structured_and_sends_nothing_upstream() {
             "method_not_allowed",
         ),
         (
-            "anthropic endpoint, openai model",
+            // The route's OpenAI target would get it translated, but a
+            // Messages call without `max_tokens` cannot be.
+            "anthropic endpoint, openai model, untranslatable",
             vec![&messages, "-H", &key, "-d", ok],
             400,
-            "unsupported_endpoint",
+            "untranslatable_request",
         ),
     ];
     for (name, args, status, code) in cases {

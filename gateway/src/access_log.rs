@@ -189,6 +189,10 @@ pub struct Record<'a> {
     pub fallback_used: bool,
     pub fallback_from: Option<&'a str>,
     pub fallback_to: Option<&'a str>,
+    /// The API family that answered, when it was not the agent's: the
+    /// answer was translated (`openai`, `anthropic`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub translated_from: Option<&'a str>,
     /// MCP requests: server, JSON-RPC method, tool and the SHA-256 of the
     /// canonical arguments (never the arguments themselves).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -249,6 +253,7 @@ impl Record<'_> {
         o.opt_str(k!("fallback_to"), self.fallback_to);
         // Left out when absent, as `skip_serializing_if` does.
         for (key, v) in [
+            (k!("translated_from"), self.translated_from),
             (k!("mcp_server"), self.mcp_server),
             (k!("mcp_method"), self.mcp_method),
             (k!("mcp_tool"), self.mcp_tool),
@@ -502,6 +507,7 @@ mod tests {
                 fallback_used: flags[2],
                 fallback_from: opt[2].then_some(s[6].as_str()),
                 fallback_to: opt[3].then_some(s[7].as_str()),
+                translated_from: opt[5].then_some("openai"),
                 mcp_server: mcp1.as_deref(),
                 mcp_method: mcp2.as_deref(),
                 mcp_tool: opt[6].then_some(s[0].as_str()),

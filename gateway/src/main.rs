@@ -309,6 +309,16 @@ Anthropic Messages, streaming:
     -H 'content-type: application/json' \
     -d '{{"model":"claude-3-5-haiku-latest","max_tokens":64,"stream":true,"messages":[{{"role":"user","content":"hi"}}]}}'
 
+Provider families: an Anthropic Messages call served by the OpenAI-shaped
+mock (translated both ways), and one whose Anthropic target is down, served
+by the local OpenAI-compatible one (see x-loopgate-provider, x-loopgate-fallback):
+  curl -sN {gw}/v1/messages -H 'x-api-key: {DEMO_AGENT_KEY}' -H 'anthropic-version: 2023-06-01' \
+    -H 'content-type: application/json' \
+    -d '{{"model":"claude-via-openai","max_tokens":64,"stream":true,"messages":[{{"role":"user","content":"hi"}}]}}'
+  curl -si {gw}/v1/messages -H 'x-api-key: {DEMO_AGENT_KEY}' -H 'anthropic-version: 2023-06-01' \
+    -H 'content-type: application/json' \
+    -d '{{"model":"claude-outage","max_tokens":64,"messages":[{{"role":"user","content":"hi"}}]}}'
+
 A denial (model not allowed for this agent), with its structured error:
   curl -si {gw}/v1/chat/completions -H 'Authorization: Bearer {DEMO_AGENT_KEY}' \
     -H 'content-type: application/json' -d '{{"model":"gpt-4o","messages":[]}}'

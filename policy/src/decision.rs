@@ -64,10 +64,13 @@ pub enum DenyCode {
     /// `on_unknown_price: deny`: a budget that cannot be computed is not
     /// a budget.
     PriceUnknown,
+    /// The route may send the call to a provider of the other API family,
+    /// and the request says something that family cannot (issue 24).
+    UntranslatableRequest,
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 35] = [
+    pub const ALL: [DenyCode; 36] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -103,6 +106,7 @@ impl DenyCode {
         DenyCode::InvalidHeader,
         DenyCode::ContextWindowExceeded,
         DenyCode::PriceUnknown,
+        DenyCode::UntranslatableRequest,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -142,6 +146,7 @@ impl DenyCode {
             DenyCode::InvalidHeader => "invalid_header",
             DenyCode::ContextWindowExceeded => "context_window_exceeded",
             DenyCode::PriceUnknown => "price_unknown",
+            DenyCode::UntranslatableRequest => "untranslatable_request",
         }
     }
 
@@ -169,6 +174,7 @@ impl DenyCode {
             | DenyCode::InvalidMessages
             | DenyCode::MaxTokensExceeded
             | DenyCode::ContextWindowExceeded
+            | DenyCode::UntranslatableRequest
             | DenyCode::TooManyMessages => 400,
             DenyCode::RateLimited | DenyCode::TooManyInFlight | DenyCode::TaskStopped => 429,
             DenyCode::BudgetExceeded | DenyCode::PriceUnknown => 402,
@@ -214,6 +220,7 @@ impl DenyCode {
             | DenyCode::InvalidMessages
             | DenyCode::MaxTokensExceeded
             | DenyCode::ContextWindowExceeded
+            | DenyCode::UntranslatableRequest
             | DenyCode::TooManyMessages => "invalid_request_error",
         }
     }

@@ -73,6 +73,19 @@ impl Provider {
         }
     }
 
+    /// Whether a call on `endpoint` reaches this provider translated: the
+    /// chat endpoint of the other API family (issue 24).
+    pub fn translates(&self, endpoint: Endpoint) -> bool {
+        matches!(
+            (self.kind, endpoint),
+            (ProviderKind::Anthropic, Endpoint::ChatCompletions)
+                | (
+                    ProviderKind::Openai | ProviderKind::OpenaiCompatible,
+                    Endpoint::Messages
+                )
+        )
+    }
+
     /// Resolves the host now (blocking): start-up and the background refresher only.
     pub fn resolve(&self) -> std::io::Result<SocketAddr> {
         use std::net::ToSocketAddrs;
@@ -505,5 +518,7 @@ pub(super) fn single_route(provider: Arc<Provider>) -> Arc<Route> {
         max_attempts: 1,
         max_total: Duration::from_secs(600),
         models: Arc::default(),
+        has_anthropic: false,
+        has_openai: false,
     })
 }

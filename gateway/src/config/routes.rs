@@ -33,9 +33,25 @@ pub struct Route {
     /// The config's model settings (shared by every route of a snapshot),
     /// so each attempt judges its target with the config that admitted it.
     pub models: Arc<ModelCatalog>,
+    /// Some target speaks Anthropic Messages / the OpenAI API: a chat
+    /// call to a target of the other family is translated
+    /// (`loopgate-translate`, [`Route::translates`]).
+    pub has_anthropic: bool,
+    pub has_openai: bool,
 }
 
 impl Route {
+    /// Whether a call on `endpoint` may reach a target of the other API
+    /// family (translated). `false` for a route whose targets all speak the
+    /// agent's API: the pass-through path, with nothing added.
+    pub fn translates(&self, endpoint: Endpoint) -> bool {
+        match endpoint {
+            Endpoint::ChatCompletions => self.has_anthropic,
+            Endpoint::Messages => self.has_openai,
+            _ => false,
+        }
+    }
+
     /// What target `i` accepts as the output limit of a call to `model`
     /// (the name it is sent), on `endpoint`, when the agent named `named`;
     /// `None` for an endpoint without output. The field: for chat
@@ -381,18 +397,14 @@ pub(super) fn build_routes(
                 ),
             }
         }
-        if let Some(kind) = targets.first().map(|t| t.provider.kind) {
-            let family = |k: ProviderKind| k == ProviderKind::Anthropic;
-            if targets
-                .iter()
-                .any(|t| family(t.provider.kind) != family(kind))
-            {
-                errs.push(
-                    format!("{at}.targets"),
-                    "targets of one route must all speak the same API (anthropic or openai-style)",
-                );
-            }
-        }
+        // Targets may speak either API family: chat calls are translated
+        // for a target of the other one (README, "Provider families").
+        let has_anthropic = targets
+            .iter()
+            .any(|t| t.provider.kind == ProviderKind::Anthropic);
+        let has_openai = targets
+            .iter()
+            .any(|t| t.provider.kind != ProviderKind::Anthropic);
         let retry = r.retry.as_ref();
         let max_attempts = retry
             .and_then(|r| r.max_attempts)
@@ -412,6 +424,8 @@ pub(super) fn build_routes(
             max_attempts: max_attempts.clamp(1, 10),
             max_total: Duration::from_millis(max_total_ms),
             models: models.clone(),
+            has_anthropic,
+            has_openai,
         });
         for (j, m) in r.models.iter().enumerate() {
             let path = format!("{at}.models[{j}]");

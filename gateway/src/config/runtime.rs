@@ -848,16 +848,21 @@ mcp_servers:
     }
 
     #[test]
-    fn mixed_api_families_in_one_route_are_refused() {
+    fn a_route_may_mix_api_families_and_says_which_calls_it_translates() {
+        use loopgate_policy::Endpoint;
+        let c = build_str(GOOD).unwrap();
+        let (_, r) = c.routes.find("gpt-4o").unwrap();
+        assert!(!r.translates(Endpoint::ChatCompletions));
+        assert!(r.translates(Endpoint::Messages));
+        assert!(!r.translates(Endpoint::Embeddings));
         let yaml = GOOD.replace(
             "local: { kind: openai_compatible",
             "local: { kind: anthropic, api_key_env: SET",
         );
-        let e = build_str(&yaml).unwrap_err().join("\n");
-        assert!(
-            e.contains("routes[0].targets: targets of one route must all speak the same API"),
-            "{e}"
-        );
+        let c = build_str(&yaml).unwrap_or_else(|e| panic!("{e:?}"));
+        let (_, r) = c.routes.find("gpt-4o").unwrap();
+        assert!(r.translates(Endpoint::ChatCompletions));
+        assert!(r.translates(Endpoint::Messages));
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub struct ModelPlan {
     pub estimated_prompt: u64,
     /// The body's output limit, written per attempt for its target.
     pub output: loopgate_policy::OutputLimit,
+    /// An OpenAI agent's `stream_options.include_usage`, for a stream
+    /// translated from Anthropic (`false` where nothing is translated).
+    pub usage_chunk: bool,
 }
 
 #[derive(Debug)]

@@ -58,6 +58,7 @@ pub async fn judge(
     }
     let plan = rules.check_body(&facts, verdict)?;
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
+    let usage_chunk = translatable(endpoint, &route, &body)?;
     let watch = caller.context_watch();
     let context_share =
         context_guard(endpoint, &route, &facts, &body, plan.output_tokens, watch).await?;
@@ -98,6 +99,7 @@ pub async fn judge(
             money_room: None,
             estimated_prompt,
             output: plan.output,
+            usage_chunk,
         }),
     })))
 }
@@ -252,13 +254,44 @@ fn find_route(
             format!("no route for model `{}`", clip(model, 200)),
         )
     })?;
-    // All targets of a route speak one API family (checked at load).
-    if !route.targets.iter().all(|t| t.provider.serves(endpoint)) {
+    // Every target speaks the agent's API, or (on a route of both
+    // families) the other chat API, translated.
+    if !route
+        .targets
+        .iter()
+        .all(|t| t.provider.serves(endpoint) || t.provider.translates(endpoint))
+    {
         return Err(GatewayError::UnsupportedEndpoint {
             model: model.to_string(),
         });
     }
     Ok((Arc::from(name), route.clone()))
+}
+
+/// On a route whose targets speak both API families: the body must be
+/// translatable for the other family's targets, or nothing is sent
+/// (400 `untranslatable_request`, naming the field). Returns the OpenAI
+/// agent's `stream_options.include_usage` (its translated stream ends with
+/// a usage chunk only if it asked). Same-family routes: nothing done.
+fn translatable(endpoint: Endpoint, route: &Route, body: &[u8]) -> Result<bool, GatewayError> {
+    if !route.translates(endpoint) {
+        return Ok(false);
+    }
+    let from = super::features::translate::endpoint_family(endpoint).ok_or_else(|| {
+        GatewayError::Internal("a translated route on a non-chat endpoint".into())
+    })?;
+    let opts = loopgate_translate::request::Options::default();
+    match loopgate_translate::request::translate(from, body, &opts) {
+        Ok(t) => Ok(t.usage_chunk),
+        Err(e) => Err(Deny::new(
+            DenyCode::UntranslatableRequest,
+            format!(
+                "this route may send the request to a provider of the other API family, and {e}"
+            ),
+        )
+        .never_retryable()
+        .into()),
+    }
 }
 
 /// The watchdog's red `degrade`: the call goes to `to`'s route with the
@@ -275,6 +308,7 @@ pub fn degrade(caller: &Caller<'_>, j: &mut Judged, to: &str) -> Result<bool, Ga
         return Ok(false);
     };
     let (name, route) = find_route(caller, m.endpoint, to)?;
+    m.usage_chunk = translatable(m.endpoint, &route, &renamed)?;
     j.body = Bytes::from(renamed);
     j.body_rewritten = true;
     j.route_name = name;
@@ -295,9 +329,17 @@ pub fn attempt_body(
     base: &Bytes,
 ) -> Result<Option<Bytes>, GatewayError> {
     let rename = route.targets.get(target).and_then(|t| t.model.as_deref());
+    let translated = route.translates(plan.endpoint)
+        && route
+            .targets
+            .get(target)
+            .is_some_and(|t| t.provider.translates(plan.endpoint));
     if rename.is_none() && plan.output == loopgate_policy::OutputLimit::default() {
         // No limit in the body and none to set: nothing to look up.
-        return Ok(None);
+        return match translated {
+            true => translate_for(route, target, plan, base).map(Some),
+            false => Ok(None),
+        };
     }
     let sent = rename.unwrap_or(&plan.model);
     let named = plan.degraded_from.as_deref().unwrap_or(&plan.model);
@@ -305,7 +347,10 @@ pub fn attempt_body(
         .target_output(target, plan.endpoint, sent, named)
         .and_then(|t| plan.output.edit(&t));
     if rename.is_none() && edit.is_none() {
-        return Ok(None);
+        return match translated {
+            true => translate_for(route, target, plan, base).map(Some),
+            false => Ok(None),
+        };
     }
     let cannot = || GatewayError::Internal("cannot rewrite the body for this target".into());
     let mut body = match rename {
@@ -315,5 +360,50 @@ pub fn attempt_body(
     if let Some(edit) = edit {
         body = loopgate_policy::rewrite::apply_limit_edit(&body, &edit).ok_or_else(cannot)?;
     }
+    if translated {
+        return translate_for(route, target, plan, &body).map(Some);
+    }
     Ok(Some(Bytes::from(body)))
+}
+
+/// `body` (the agent's family, renamed and limited for `target`) in the
+/// family of `target`, a provider of the other one. Anthropic's required
+/// `max_tokens`, when the agent set none and no agent limit was inserted:
+/// the model's output maximum from `models:` or the price catalog, else
+/// 4096. An OpenAI target gets the limit under the field it reads.
+fn translate_for(
+    route: &Route,
+    target: usize,
+    plan: &ModelPlan,
+    body: &[u8],
+) -> Result<Bytes, GatewayError> {
+    use loopgate_translate::request::{MaxTokensField, Options};
+    let sent = route.sent_model(target, &plan.model);
+    let named = plan.degraded_from.as_deref().unwrap_or(&plan.model);
+    let default_max_tokens = route
+        .models
+        .find(sent)
+        .and_then(|m| m.max_output_tokens)
+        .or_else(|| route.models.prices.window(sent).and_then(|(_, m)| m))
+        .unwrap_or(4096);
+    let field = route
+        .target_output(target, Endpoint::ChatCompletions, sent, named)
+        .map(|t| t.field);
+    let opts = Options {
+        default_max_tokens,
+        openai_max_tokens_field: match field {
+            Some(loopgate_policy::LimitField::MaxCompletionTokens) => {
+                MaxTokensField::MaxCompletionTokens
+            }
+            _ => MaxTokensField::MaxTokens,
+        },
+    };
+    let from = super::features::translate::endpoint_family(plan.endpoint)
+        .ok_or_else(|| GatewayError::Internal("a translated call on a non-chat endpoint".into()))?;
+    // Judged translatable at admission; a failure here is the gateway's.
+    let t = loopgate_translate::request::translate(from, body, &opts)
+        .map_err(|e| GatewayError::Internal(format!("cannot translate the body: {e}")))?;
+    serde_json::to_vec(&t.body)
+        .map(Bytes::from)
+        .map_err(|_| GatewayError::Internal("cannot write the translated body".into()))
 }

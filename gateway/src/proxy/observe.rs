@@ -215,6 +215,12 @@ fn write_log(
         fallback_used: sum.fallback_from.is_some(),
         fallback_from: sum.fallback_from,
         fallback_to: sum.fallback_from.and(sum.provider),
+        translated_from: ctx
+            .features
+            .translate
+            .as_ref()
+            .and_then(|t| t.translated_from())
+            .map(loopgate_translate::Family::name),
         mcp_server: mcp.map(|a| a.server.as_str()),
         mcp_method: mcp.map(|a| a.method.as_str()),
         mcp_tool: mcp.and_then(|a| a.tool.as_deref()),

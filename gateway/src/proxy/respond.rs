@@ -259,7 +259,14 @@ pub async fn write_failure(
         // provider's format rather than a silent cut.
         ctx.error_code = Some(answer.code());
         if session.response_written().is_some_and(is_event_stream) {
-            let event = sse_error_event(ctx.served_kind, &answer, &ctx.request_id);
+            // A translated stream ends in the agent's family.
+            let kind = ctx
+                .features
+                .translate
+                .as_ref()
+                .and_then(|t| t.agent_kind())
+                .or(ctx.served_kind);
+            let event = sse_error_event(kind, &answer, &ctx.request_id);
             if let Err(err) = session.write_response_body(Some(event), true).await {
                 log::debug!("request {}: cannot end the stream: {err}", ctx.request_id);
             }

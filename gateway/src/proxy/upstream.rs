@@ -214,7 +214,22 @@ impl Gateway {
         // them unencoded rather than pass through what it cannot inspect.
         req.insert_header(http::header::ACCEPT_ENCODING, "identity")?;
         req.insert_header(respond::REQUEST_ID_HEADER, ctx.request_id.as_str())?;
+        // A call translated for a provider of the other API family goes to
+        // that family's chat endpoint (the agent's query is not its API's).
+        let translated = adm.is_some_and(|a| {
+            a.model()
+                .is_some_and(|m| a.route.translates(m.endpoint) && p.translates(m.endpoint))
+        });
+        if translated && p.kind != crate::config::ProviderKind::Anthropic {
+            // The agent's Anthropic headers mean nothing to an OpenAI server.
+            req.remove_header("anthropic-version");
+            req.remove_header("anthropic-beta");
+        }
         let target = match adm.and_then(|a| a.target()) {
+            _ if translated => {
+                let family = super::features::translate::kind_family(p.kind);
+                Some(format!("{}{}", p.base_path, family.chat_path()))
+            }
             Some(t) => Some(format!("{}{t}", p.base_path)),
             None if !p.base_path.is_empty() => {
                 let pq = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -295,6 +310,9 @@ impl Gateway {
         }
         ctx.served_by = Some(provider.name.clone());
         ctx.served_kind = Some(provider.kind);
+        if let Some(t) = ctx.features.translate.as_mut() {
+            t.serve(provider.kind);
+        }
         ctx.ttfb = ttfb;
         ctx.breaker_key = Some(key);
         Ok(())

@@ -139,6 +139,7 @@ macro_rules! features {
 
 features! {
     usage => UsageMeter,
+    translate => Translate,
     json_check => JsonCheck,
     idempotency => Recorder,
     mcp_session => SessionBinding,

@@ -1,0 +1,214 @@
+//! Provider families (issue 24): the answer of a provider of the other
+//! API family, translated back into the agent's (`loopgate-translate`).
+//! Armed only on chat calls whose route has a target of the other family; told
+//! which family answers when an attempt's answer is relayed
+//! ([`Translate::serve`]), and idle when it is the agent's own.
+//!
+//! A stream is translated event by event as it passes (bounded state);
+//! a JSON answer (at most [`MAX_ANSWER_BYTES`]) and an error body are read
+//! whole and written at their end, the error in the agent's family with
+//! the provider's status. Usage is read from the provider's own bytes
+//! before this (the usage feature reads the upstream body), so budgets
+//! and metrics see what the provider reported.
+//!
+//! An answer that cannot be translated ends the exchange as the
+//! provider's failure: a stream with an error event in the agent's family
+//! (`respond::write_failure`), a JSON answer cut.
+
+use super::{Admission, Env, Feature};
+use crate::config::ProviderKind;
+use crate::error::GatewayError;
+use crate::proxy::failure::{answer, UNREADABLE};
+use bytes::Bytes;
+use loopgate_policy::Endpoint;
+use loopgate_translate::stream::{StreamOptions, StreamTranslator};
+use loopgate_translate::{error, response, Family};
+use pingora::http::ResponseHeader;
+
+/// Largest JSON answer translated whole.
+const MAX_ANSWER_BYTES: usize = 32 << 20;
+/// Of an error body, what is kept to read its message.
+const MAX_ERROR_BYTES: usize = 64 << 10;
+
+#[derive(Debug)]
+pub struct Translate {
+    agent: Family,
+    /// The OpenAI agent asked for the final usage chunk.
+    usage_chunk: bool,
+    /// The family of the provider answering, when it is not the agent's.
+    upstream: Option<Family>,
+    mode: Mode,
+}
+
+#[derive(Debug)]
+enum Mode {
+    /// Nothing to translate (the agent's own family answers, or a 1xx/3xx).
+    Idle,
+    Json(Vec<u8>),
+    Error { status: u16, body: Vec<u8> },
+    Stream(Box<StreamTranslator>),
+}
+
+/// The family an endpoint speaks, for the two chat endpoints.
+pub fn endpoint_family(endpoint: Endpoint) -> Option<Family> {
+    match endpoint {
+        Endpoint::ChatCompletions => Some(Family::OpenAi),
+        Endpoint::Messages => Some(Family::Anthropic),
+        _ => None,
+    }
+}
+
+/// The family a provider kind speaks.
+pub fn kind_family(kind: ProviderKind) -> Family {
+    match kind {
+        ProviderKind::Anthropic => Family::Anthropic,
+        ProviderKind::Openai | ProviderKind::OpenaiCompatible => Family::OpenAi,
+    }
+}
+
+impl Translate {
+    /// The attempt whose answer is relayed is served by a provider of
+    /// `kind`.
+    pub fn serve(&mut self, kind: ProviderKind) {
+        let family = kind_family(kind);
+        self.upstream = (family != self.agent).then_some(family);
+        self.mode = Mode::Idle;
+    }
+
+    /// The family that answered, when it was not the agent's.
+    pub fn translated_from(&self) -> Option<Family> {
+        self.upstream
+    }
+
+    /// The agent's provider kind while the answer is translated: error
+    /// events at the end of a stream are written in its family.
+    pub fn agent_kind(&self) -> Option<ProviderKind> {
+        self.upstream.map(|_| match self.agent {
+            Family::Anthropic => ProviderKind::Anthropic,
+            Family::OpenAi => ProviderKind::Openai,
+        })
+    }
+}
+
+fn unreadable(why: String) -> Box<pingora::Error> {
+    answer(UNREADABLE, GatewayError::UpstreamFailed(why))
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Feature for Translate {
+    fn arm(adm: &Admission) -> Option<Self> {
+        let m = adm.model()?;
+        if !adm.route.translates(m.endpoint) {
+            return None;
+        }
+        Some(Translate {
+            agent: endpoint_family(m.endpoint)?,
+            usage_chunk: m.usage_chunk,
+            upstream: None,
+            mode: Mode::Idle,
+        })
+    }
+
+    async fn response_header(
+        &mut self,
+        _env: &Env<'_>,
+        _adm: &Admission,
+        resp: &mut ResponseHeader,
+    ) -> pingora::Result<()> {
+        let Some(upstream) = self.upstream else {
+            return Ok(());
+        };
+        let status = resp.status.as_u16();
+        let sse = crate::proxy::respond::is_event_stream(resp);
+        self.mode = match status {
+            400.. => Mode::Error {
+                status,
+                body: Vec::new(),
+            },
+            200..=299 if sse => Mode::Stream(Box::new(StreamTranslator::new(
+                upstream,
+                StreamOptions {
+                    created: now_secs(),
+                    usage_chunk: self.usage_chunk,
+                    ..StreamOptions::default()
+                },
+            ))),
+            200..=299 => Mode::Json(Vec::new()),
+            _ => return Ok(()),
+        };
+        if !sse {
+            resp.insert_header(http::header::CONTENT_TYPE, "application/json")?;
+        }
+        // Translation changes the length.
+        resp.remove_header(&http::header::CONTENT_LENGTH);
+        resp.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+        Ok(())
+    }
+
+    fn response_body(
+        &mut self,
+        adm: &Admission,
+        body: &mut Option<Bytes>,
+        end: bool,
+    ) -> pingora::Result<()> {
+        match &mut self.mode {
+            Mode::Idle => Ok(()),
+            Mode::Stream(t) => {
+                let mut out = Vec::new();
+                if let Some(b) = body.take() {
+                    t.feed(&b, &mut out).map_err(|e| {
+                        log::warn!(
+                            "request {}: the provider's stream cannot be translated: {e}",
+                            adm.request_id
+                        );
+                        unreadable(format!("the provider's stream cannot be translated: {e}"))
+                    })?;
+                }
+                if end {
+                    t.finish().map_err(|_| {
+                        unreadable("the provider's stream ended before its answer did".into())
+                    })?;
+                }
+                *body = (!out.is_empty()).then(|| Bytes::from(out));
+                Ok(())
+            }
+            Mode::Json(kept) => {
+                if let Some(b) = body.take() {
+                    if kept.len() + b.len() > MAX_ANSWER_BYTES {
+                        return Err(unreadable(format!(
+                            "the provider's answer exceeds {MAX_ANSWER_BYTES} bytes to translate"
+                        )));
+                    }
+                    kept.extend_from_slice(&b);
+                }
+                if end {
+                    let upstream = self.upstream.unwrap_or(self.agent);
+                    let out = response::translate(upstream, kept, now_secs()).map_err(|e| {
+                        log::warn!(
+                            "request {}: the provider's answer cannot be translated: {e}",
+                            adm.request_id
+                        );
+                        unreadable(format!("the provider's answer cannot be translated: {e}"))
+                    })?;
+                    *body = Some(Bytes::from(out));
+                }
+                Ok(())
+            }
+            Mode::Error { status, body: kept } => {
+                if let Some(b) = body.take() {
+                    let room = MAX_ERROR_BYTES.saturating_sub(kept.len());
+                    kept.extend_from_slice(b.get(..room.min(b.len())).unwrap_or_default());
+                }
+                if end {
+                    *body = Some(Bytes::from(error::render(self.agent, *status, kept)));
+                }
+                Ok(())
+            }
+        }
+    }
+}

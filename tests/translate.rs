@@ -1,0 +1,369 @@
+//! Provider families (issue 24) end to end: the real binary translating
+//! between an agent's API family and a provider of the other one (the
+//! mock serves both shapes), refusing what cannot be translated before
+//! anything is sent, rendering errors and broken streams in the agent's
+//! family, and falling back across families. The official SDKs check what
+//! they receive in `sdk/families.py`.
+
+use loopgate_tests::*;
+use serde_json::{json, Value};
+use std::process::Command;
+
+fn config(mock: &Mock, down: &Mock, log: &std::path::Path) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+threads: 2
+access_log: {{ path: "{log}" }}
+providers:
+  oa: {{ kind: openai_compatible, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
+  an: {{ kind: anthropic, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
+  an_down: {{ kind: anthropic, base_url: "{down}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
+  oa_down: {{ kind: openai, base_url: "{down}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
+  local: {{ kind: openai_compatible, base_url: "{mock}" }}
+routes:
+  - models: [claude-via-openai]
+    targets: [ {{ provider: oa }} ]
+  - models: [gpt-via-anthropic]
+    targets: [ {{ provider: an }} ]
+  - models: [claude-fallback]
+    # The first attempt goes by weight: Anthropic first, as in the outage story.
+    targets: [ {{ provider: an_down, weight: 1000000 }}, {{ provider: oa_down }}, {{ provider: local }} ]
+  - models: [gpt-4o-mini]
+    targets: [ {{ provider: oa }} ]
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: ["*"]
+"#,
+        mock = mock.url(),
+        down = down.url(),
+        log = log.display(),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+    )
+}
+
+struct Setup {
+    mock: Mock,
+    down: Mock,
+    gw: Gateway,
+    log: std::path::PathBuf,
+}
+
+fn setup() -> Setup {
+    let mock = Mock::start();
+    let down = Mock::start_with(&["--status", "503"]);
+    let log = scratch_dir("families").join("access.log");
+    let gw = Gateway::start(&config(&mock, &down, &log));
+    Setup {
+        mock,
+        down,
+        gw,
+        log,
+    }
+}
+
+/// The access-log lines written so far.
+fn log_lines(s: &Setup) -> Vec<Value> {
+    std::fs::read_to_string(&s.log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// SSE events: (event name, data as JSON, or `[DONE]` as a string).
+fn events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let mut name = String::new();
+            let mut data = Value::Null;
+            for line in e.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_string();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(d).unwrap_or_else(|_| json!(d));
+                }
+            }
+            (name, data)
+        })
+        .collect()
+}
+
+const ANTHROPIC_BODY: &str = r#"{"model":"claude-via-openai","max_tokens":64,"system":"Be brief.","messages":[{"role":"user","content":"hi"}]}"#;
+
+#[test]
+fn an_anthropic_agent_is_served_by_an_openai_provider() {
+    let s = setup();
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &[], ANTHROPIC_BODY);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-provider"), Some("oa"));
+    let m = r.json();
+    assert_eq!(m["type"], "message");
+    assert_eq!(m["role"], "assistant");
+    assert_eq!(m["model"], "claude-via-openai");
+    assert_eq!(
+        m["content"][0]["text"],
+        "Hello from the Loopgate mock provider. "
+    );
+    assert_eq!(m["stop_reason"], "end_turn");
+    assert_eq!(m["usage"]["output_tokens"], 8);
+    // The provider got an OpenAI request, on its path, with its key.
+    let req = s.mock.last_request();
+    assert_eq!(req["path"], "/v1/chat/completions", "{req}");
+    let sent: Value = serde_json::from_str(req["body"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        sent["messages"],
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}])
+    );
+    assert_eq!(sent["max_tokens"], 64);
+    assert_eq!(
+        recorded_header(&req, "authorization"),
+        Some(format!("Bearer {UPSTREAM_KEY}").as_str())
+    );
+    assert_eq!(recorded_header(&req, "anthropic-version"), None);
+    assert!(!req.to_string().contains(AGENT_KEY));
+
+    // Streamed: Anthropic's events, well formed, with the usage.
+    let body = ANTHROPIC_BODY.replace("\"max_tokens\":64", "\"max_tokens\":64,\"stream\":true");
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &[], &body);
+    assert_eq!(r.status, 200);
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let evs = events(&r.text());
+    let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(names.last(), Some(&"message_stop"));
+    let text: String = evs
+        .iter()
+        .filter_map(|(_, d)| d["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(text, "Hello from the Loopgate mock provider. ");
+    let delta = evs.iter().find(|(n, _)| n == "message_delta").unwrap();
+    assert_eq!(delta.1["delta"]["stop_reason"], "end_turn");
+    assert_eq!(delta.1["usage"]["output_tokens"], 8);
+    let sent: Value =
+        serde_json::from_str(s.mock.last_request()["body"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["stream_options"], json!({"include_usage": true}));
+
+    // The access log says which family answered, and usage as reported.
+    let same = post_chat(&s.gw, AGENT_KEY, &[]);
+    assert_eq!(same.status, 200);
+    assert!(eventually(5, || log_lines(&s).len() >= 3));
+    let lines = log_lines(&s);
+    let translated: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["path"] == "/v1/messages")
+        .collect();
+    assert_eq!(translated.len(), 2, "{lines:?}");
+    for l in translated {
+        assert_eq!(l["translated_from"], "openai", "{l}");
+        assert_eq!(l["completion_tokens"], 8, "{l}");
+    }
+    let plain = lines
+        .iter()
+        .find(|l| l["path"] == "/v1/chat/completions")
+        .unwrap();
+    assert!(plain.get("translated_from").is_none(), "{plain}");
+}
+
+#[test]
+fn an_openai_agent_is_served_by_an_anthropic_provider() {
+    let s = setup();
+    let body = r#"{"model":"gpt-via-anthropic","messages":[{"role":"system","content":"S"},{"role":"user","content":"hi"}]}"#;
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/chat/completions", &[], body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let c = r.json();
+    assert_eq!(c["object"], "chat.completion");
+    assert_eq!(
+        c["choices"][0]["message"]["content"],
+        "Hello from the Loopgate mock provider. "
+    );
+    assert_eq!(c["choices"][0]["finish_reason"], "stop");
+    assert_eq!(c["usage"]["completion_tokens"], 8);
+    let req = s.mock.last_request();
+    assert_eq!(req["path"], "/v1/messages");
+    let sent: Value = serde_json::from_str(req["body"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["system"], "S");
+    assert_eq!(
+        sent["max_tokens"], 4096,
+        "the default when the agent sets none"
+    );
+    assert_eq!(recorded_header(&req, "x-api-key"), Some(UPSTREAM_KEY));
+    assert!(recorded_header(&req, "anthropic-version").is_some());
+
+    let body = body.replace(
+        "\"messages\"",
+        "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"messages\"",
+    );
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/chat/completions", &[], &body);
+    let evs = events(&r.text());
+    assert_eq!(evs.last().unwrap().1, json!("[DONE]"));
+    let text: String = evs
+        .iter()
+        .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Hello from the Loopgate mock provider. ");
+    let usage = evs.iter().find(|(_, d)| !d["usage"].is_null()).unwrap();
+    assert_eq!(usage.1["usage"]["completion_tokens"], 8);
+    assert_eq!(usage.1["choices"], json!([]));
+}
+
+#[test]
+fn what_cannot_be_translated_is_refused_before_anything_is_sent() {
+    let s = setup();
+    let cases = [
+        (
+            "/v1/chat/completions",
+            r#"{"model":"gpt-via-anthropic","n":2,"messages":[{"role":"user","content":"hi"}]}"#,
+            "`n`",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"gpt-via-anthropic","logprobs":true,"messages":[{"role":"user","content":"secret words"}]}"#,
+            "`logprobs`",
+        ),
+        (
+            "/v1/messages",
+            r#"{"model":"claude-via-openai","max_tokens":9,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"hi"}]}"#,
+            "`thinking`",
+        ),
+        (
+            "/v1/messages",
+            r#"{"model":"claude-via-openai","max_tokens":9,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"text","media_type":"text/plain","data":"secret words"}}]}]}"#,
+            "`messages[0].content[0].type`",
+        ),
+    ];
+    for (path, body, field) in cases {
+        let r = post_json(&s.gw, AGENT_KEY, path, &[], body);
+        r.assert_gateway_error(400, "untranslatable_request");
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains(field), "{message}");
+        assert!(!message.contains("secret"), "{message}");
+    }
+    assert!(s.mock.requests().is_empty(), "{:?}", s.mock.requests());
+    // The same fields on a same-family route pass through untouched.
+    let r = post_json(
+        &s.gw,
+        AGENT_KEY,
+        "/v1/chat/completions",
+        &[],
+        r#"{"model":"gpt-4o-mini","n":2,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn provider_errors_reach_the_agent_in_its_family_with_their_status() {
+    let s = setup();
+    let r = post_json(
+        &s.gw,
+        AGENT_KEY,
+        "/v1/messages",
+        &["-H", "x-mock-status: 429"],
+        ANTHROPIC_BODY,
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    let e = r.json();
+    assert_eq!(e["type"], "error");
+    assert_eq!(e["error"]["type"], "rate_limit_error");
+    assert!(e["error"]["message"].is_string());
+
+    let body = r#"{"model":"gpt-via-anthropic","messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_json(
+        &s.gw,
+        AGENT_KEY,
+        "/v1/chat/completions",
+        &["-H", "x-mock-status: 400"],
+        body,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let e = r.json();
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    assert_eq!(e["error"]["code"], "invalid_request_error");
+}
+
+#[test]
+fn a_stream_cut_mid_way_ends_with_an_error_event_in_the_agents_family() {
+    let s = setup();
+    let body = ANTHROPIC_BODY.replace("\"max_tokens\":64", "\"max_tokens\":64,\"stream\":true");
+    let r = post_json(
+        &s.gw,
+        AGENT_KEY,
+        "/v1/messages",
+        &["-H", "x-mock-reset-after: 4"],
+        &body,
+    );
+    let evs = events(&r.text());
+    assert_eq!(evs.first().unwrap().0, "message_start", "{}", r.text());
+    let (name, data) = evs.last().unwrap();
+    assert_eq!(name, "error", "{}", r.text());
+    assert_eq!(data["type"], "error");
+    assert!(!evs.iter().any(|(n, _)| n == "message_stop"));
+
+    let body = r#"{"model":"gpt-via-anthropic","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_json(
+        &s.gw,
+        AGENT_KEY,
+        "/v1/chat/completions",
+        &["-H", "x-mock-reset-after: 4"],
+        body,
+    );
+    let evs = events(&r.text());
+    let (_, last) = evs.last().unwrap();
+    assert!(last["error"].is_object(), "{}", r.text());
+    assert!(!evs.iter().any(|(_, d)| d == &json!("[DONE]")));
+}
+
+#[test]
+fn an_anthropic_agent_falls_back_to_a_local_openai_compatible_server() {
+    let s = setup();
+    let body = ANTHROPIC_BODY.replace("claude-via-openai", "claude-fallback");
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &[], &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-provider"), Some("local"));
+    assert_eq!(r.header("x-loopgate-fallback"), Some("an_down"));
+    let m = r.json();
+    assert_eq!(m["type"], "message");
+    assert_eq!(
+        m["content"][0]["text"],
+        "Hello from the Loopgate mock provider. "
+    );
+    // The Anthropic target got Anthropic, the OpenAI one OpenAI.
+    let down: Vec<String> = s
+        .down
+        .requests()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(down, ["/v1/messages", "/v1/chat/completions"]);
+
+    let body = body.replace("\"max_tokens\":64", "\"max_tokens\":64,\"stream\":true");
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &[], &body);
+    assert_eq!(r.header("x-loopgate-fallback"), Some("an_down"));
+    let evs = events(&r.text());
+    assert_eq!(evs.last().unwrap().0, "message_stop", "{}", r.text());
+}
+
+#[test]
+fn official_sdks_read_translated_answers() {
+    let s = setup();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/families.py");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{}", s.gw.addr))
+        .arg(AGENT_KEY)
+        .output()
+        .unwrap_or_else(|e| panic!("run {python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("families ok"),
+        "SDK script failed (pip install openai anthropic?)\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    print!("{stdout}");
+}
