@@ -511,3 +511,26 @@ fn admin_spend_and_the_used_ratio_gauge_show_spend_and_room() {
         assert_eq!(gw.metric(&sample), want, "{sample}");
     }
 }
+
+/// The official OpenAI and Anthropic Python SDKs (`sdk/money.py`) see a
+/// money refusal as their 402 status error, with Loopgate's code and the
+/// budget's level. `.ci/run` installs the SDKs.
+#[test]
+fn the_official_sdks_see_the_402_with_its_level() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/money.py");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{}", gw.addr))
+        .arg(TASKY_KEY)
+        .output()
+        .unwrap_or_else(|e| panic!("run {python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("sdk money ok"),
+        "SDK script failed (pip install openai anthropic?)\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+}
