@@ -534,3 +534,45 @@ fn the_official_sdks_see_the_402_with_its_level() {
         "SDK script failed (pip install openai anthropic?)\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
 }
+
+/// A body past 64 KiB goes upstream through a subrequest: it reserves on
+/// its estimate and settles on what its subrequest read of the answer.
+#[test]
+fn a_large_body_reserves_on_its_estimate_and_settles_on_its_cost() {
+    let mock = Mock::start();
+    const BIG_KEY: &str = "money-big-key-0006";
+    let big = format!(
+        "  big:\n    key_sha256: \"{}\"\n    models: [priced]\n    loop_guard: {{ enabled: false }}\n    budgets: {{ daily_usd: 0.05 }}\n",
+        sha256_hex(BIG_KEY.as_bytes())
+    );
+    let gw = start(&mock, &big);
+    // 80,004 bytes of text (`user` too): an estimate of 20,001 prompt
+    // tokens, reserved 20,001 + 100 x 10 = 21,001 micro-dollars of the
+    // day's 50,000.
+    let text = "a".repeat(80_000);
+    let body = format!(
+        r#"{{"model":"priced","max_tokens":100,"messages":[{{"role":"user","content":"{text}"}}]}}"#
+    );
+    let args = ["-H", "x-mock-prompt-tokens: 5", "-H", "x-mock-chunks: 10"];
+    let r = post_json(&gw, BIG_KEY, "/v1/chat/completions", &args, &body);
+    assert_eq!(r.status, 200, "{r:?}");
+    // Settled at 5 + 10 x 10 = 105.
+    let v = admin_spend(&gw).json();
+    assert_eq!(
+        entry(&v, "agents", "agent", "big")["day"]["spent_usd"],
+        0.000105,
+        "{v}"
+    );
+    // A reservation past the whole day (50,001 + 1,000) never fits: refused
+    // before the body goes anywhere, not retryable, no Retry-After.
+    let before = mock.received();
+    let three = format!(
+        r#"{{"model":"priced","max_tokens":100,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "a".repeat(200_000)
+    );
+    let r = post_json(&gw, BIG_KEY, "/v1/chat/completions", &args, &three);
+    r.assert_gateway_error(402, "budget_exceeded");
+    assert_eq!(budget(&r)["reserved_usd"], 0.051001, "{r:?}");
+    assert_eq!(r.header("retry-after"), None);
+    assert_eq!(mock.received(), before);
+}
