@@ -576,3 +576,27 @@ fn a_large_body_reserves_on_its_estimate_and_settles_on_its_cost() {
     assert_eq!(r.header("retry-after"), None);
     assert_eq!(mock.received(), before);
 }
+
+/// A money budget in dry-run reports what it would refuse and cuts no
+/// stream.
+#[test]
+fn a_money_budget_in_dry_run_reports_and_cuts_nothing() {
+    let mock = Mock::start();
+    const DRY_KEY: &str = "money-dry-key-0007";
+    let dry = format!(
+        "  dry:\n    key_sha256: \"{}\"\n    models: [priced]\n    loop_guard: {{ enabled: false }}\n    dry_run: [budget_exceeded]\n    budgets: {{ task_usd: 0.0005 }}\n",
+        sha256_hex(DRY_KEY.as_bytes())
+    );
+    let gw = start(&mock, &dry);
+    // Reserves 1002 of a task budget of 500: refused in enforce mode.
+    let body = r#"{"model":"priced","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let args = ["-N", "-H", "x-agent-task-id: d", "-H", "x-mock-chunks: 300"];
+    let r = post_json(&gw, DRY_KEY, "/v1/chat/completions", &args, body);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("x-loopgate-would-deny"), Some("budget_exceeded"));
+    assert!(r.text().ends_with("data: [DONE]\n\n"), "not cut");
+    assert_eq!(
+        gw.metric_or_absent(r#"loopgate_budget_cuts_total{agent="dry"}"#),
+        None
+    );
+}
