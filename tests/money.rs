@@ -511,3 +511,92 @@ fn admin_spend_and_the_used_ratio_gauge_show_spend_and_room() {
         assert_eq!(gw.metric(&sample), want, "{sample}");
     }
 }
+
+/// The official OpenAI and Anthropic Python SDKs (`sdk/money.py`) see a
+/// money refusal as their 402 status error, with Loopgate's code and the
+/// budget's level. `.ci/run` installs the SDKs.
+#[test]
+fn the_official_sdks_see_the_402_with_its_level() {
+    let mock = Mock::start();
+    let gw = start(&mock, "");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/money.py");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{}", gw.addr))
+        .arg(TASKY_KEY)
+        .output()
+        .unwrap_or_else(|e| panic!("run {python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("sdk money ok"),
+        "SDK script failed (pip install openai anthropic?)\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+}
+
+/// A body past 64 KiB goes upstream through a subrequest: it reserves on
+/// its estimate and settles on what its subrequest read of the answer.
+#[test]
+fn a_large_body_reserves_on_its_estimate_and_settles_on_its_cost() {
+    let mock = Mock::start();
+    const BIG_KEY: &str = "money-big-key-0006";
+    let big = format!(
+        "  big:\n    key_sha256: \"{}\"\n    models: [priced]\n    loop_guard: {{ enabled: false }}\n    budgets: {{ daily_usd: 0.05 }}\n",
+        sha256_hex(BIG_KEY.as_bytes())
+    );
+    let gw = start(&mock, &big);
+    // 80,004 bytes of text (`user` too): an estimate of 20,001 prompt
+    // tokens, reserved 20,001 + 100 x 10 = 21,001 micro-dollars of the
+    // day's 50,000.
+    let text = "a".repeat(80_000);
+    let body = format!(
+        r#"{{"model":"priced","max_tokens":100,"messages":[{{"role":"user","content":"{text}"}}]}}"#
+    );
+    let args = ["-H", "x-mock-prompt-tokens: 5", "-H", "x-mock-chunks: 10"];
+    let r = post_json(&gw, BIG_KEY, "/v1/chat/completions", &args, &body);
+    assert_eq!(r.status, 200, "{r:?}");
+    // Settled at 5 + 10 x 10 = 105.
+    let v = admin_spend(&gw).json();
+    assert_eq!(
+        entry(&v, "agents", "agent", "big")["day"]["spent_usd"],
+        0.000105,
+        "{v}"
+    );
+    // A reservation past the whole day (50,001 + 1,000) never fits: refused
+    // before the body goes anywhere, not retryable, no Retry-After.
+    let before = mock.received();
+    let three = format!(
+        r#"{{"model":"priced","max_tokens":100,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "a".repeat(200_000)
+    );
+    let r = post_json(&gw, BIG_KEY, "/v1/chat/completions", &args, &three);
+    r.assert_gateway_error(402, "budget_exceeded");
+    assert_eq!(budget(&r)["reserved_usd"], 0.051001, "{r:?}");
+    assert_eq!(r.header("retry-after"), None);
+    assert_eq!(mock.received(), before);
+}
+
+/// A money budget in dry-run reports what it would refuse and cuts no
+/// stream.
+#[test]
+fn a_money_budget_in_dry_run_reports_and_cuts_nothing() {
+    let mock = Mock::start();
+    const DRY_KEY: &str = "money-dry-key-0007";
+    let dry = format!(
+        "  dry:\n    key_sha256: \"{}\"\n    models: [priced]\n    loop_guard: {{ enabled: false }}\n    dry_run: [budget_exceeded]\n    budgets: {{ task_usd: 0.0005 }}\n",
+        sha256_hex(DRY_KEY.as_bytes())
+    );
+    let gw = start(&mock, &dry);
+    // Reserves 1002 of a task budget of 500: refused in enforce mode.
+    let body = r#"{"model":"priced","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let args = ["-N", "-H", "x-agent-task-id: d", "-H", "x-mock-chunks: 300"];
+    let r = post_json(&gw, DRY_KEY, "/v1/chat/completions", &args, body);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("x-loopgate-would-deny"), Some("budget_exceeded"));
+    assert!(r.text().ends_with("data: [DONE]\n\n"), "not cut");
+    assert_eq!(
+        gw.metric_or_absent(r#"loopgate_budget_cuts_total{agent="dry"}"#),
+        None
+    );
+}

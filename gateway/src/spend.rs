@@ -96,8 +96,96 @@ fn window_json(limit: u64, spent: u64) -> Value {
     })
 }
 
-/// Every money budget's spend and room, read from `store` at `now`; sets
-/// the used-ratio gauge on the way (a task's: its most used open task).
+/// Which windows `/admin/spend` reads, and whose each is.
+#[derive(Default)]
+struct Plan {
+    reads: Vec<Read>,
+    /// Per money-budgeted agent (by index in the config): its reads.
+    agents: Vec<(usize, AgentReads)>,
+    /// Per team (each once): its reads.
+    teams: Vec<TeamReads>,
+}
+
+impl Plan {
+    /// Every money budget of `cfg`, and each open task of `book`.
+    fn of(cfg: &Config, book: &SpendBook, now: Duration) -> Plan {
+        let mut p = Plan::default();
+        for (i, rules) in cfg.agents.iter().enumerate() {
+            if !rules.money_budgeted() {
+                continue;
+            }
+            let b = &rules.budgets;
+            let mut mine = Vec::new();
+            let k = &rules.keys;
+            p.read(
+                &mut mine,
+                &k.usd_day,
+                DAY,
+                b.daily_usd,
+                BudgetLevel::AgentDay,
+                None,
+            );
+            let month = BudgetLevel::AgentMonth;
+            p.read(&mut mine, &k.usd_month, MONTH, b.monthly_usd, month, None);
+            if b.task_usd.is_some() {
+                for task in book.open_tasks(&rules.name, now, b.task_ttl) {
+                    let key = k.usd_task(&task);
+                    p.read(
+                        &mut mine,
+                        &key,
+                        b.task_ttl,
+                        b.task_usd,
+                        BudgetLevel::Task,
+                        Some(task),
+                    );
+                }
+            }
+            p.agents.push((i, mine));
+            let Some(team) = &rules.team else { continue };
+            if p.teams.iter().any(|(t, _)| t.name == team.name) {
+                continue;
+            }
+            let mut theirs = Vec::new();
+            let (day, month) = (BudgetLevel::TeamDay, BudgetLevel::TeamMonth);
+            p.read(&mut theirs, &team.day_key, DAY, team.daily_usd, day, None);
+            p.read(
+                &mut theirs,
+                &team.month_key,
+                MONTH,
+                team.monthly_usd,
+                month,
+                None,
+            );
+            let theirs = theirs.into_iter().map(|(l, at, _)| (l, at)).collect();
+            p.teams.push((team.clone(), theirs));
+        }
+        p
+    }
+
+    /// Reads `key` when the budget is set (`limit`), for `whose`.
+    fn read(
+        &mut self,
+        whose: &mut AgentReads,
+        key: &Arc<str>,
+        window: Duration,
+        limit: Option<u64>,
+        level: BudgetLevel,
+        task: Option<String>,
+    ) {
+        if let Some(limit) = limit {
+            whose.push((level, self.reads.len(), task));
+            self.reads.push(Read {
+                key: key.clone(),
+                window,
+                limit,
+            });
+        }
+    }
+}
+
+/// Every money budget's spend and room, read from `store` at `now` in one
+/// store call; sets the used-ratio gauge on the way (a task's: its most
+/// used open task; a team's: under each of its agents).
 pub async fn report(
     cfg: &Config,
     store: &dyn StateStore,
@@ -105,77 +193,18 @@ pub async fn report(
     metrics: &Metrics,
     now: Duration,
 ) -> Result<Value, StoreError> {
-    let mut reads: Vec<Read> = Vec::new();
-    // Per agent (by index) and per team: which reads are theirs.
-    let mut plan: Vec<(usize, AgentReads)> = Vec::new();
-    let mut teams: Vec<TeamReads> = Vec::new();
-    for (i, rules) in cfg.agents.iter().enumerate() {
-        if !rules.money_budgeted() {
-            continue;
-        }
-        let b = &rules.budgets;
-        let mut mine = Vec::new();
-        let mut add = |key: Arc<str>, window, limit: Option<u64>, level, task: Option<String>| {
-            if let Some(limit) = limit {
-                mine.push((level, reads.len(), task));
-                reads.push(Read { key, window, limit });
-            }
-        };
-        add(
-            rules.keys.usd_day.clone(),
-            DAY,
-            b.daily_usd,
-            BudgetLevel::AgentDay,
-            None,
-        );
-        add(
-            rules.keys.usd_month.clone(),
-            MONTH,
-            b.monthly_usd,
-            BudgetLevel::AgentMonth,
-            None,
-        );
-        if b.task_usd.is_some() {
-            for task in book.open_tasks(&rules.name, now, b.task_ttl) {
-                let key = rules.keys.usd_task(&task);
-                add(key, b.task_ttl, b.task_usd, BudgetLevel::Task, Some(task));
-            }
-        }
-        plan.push((i, mine));
-        if let Some(team) = &rules.team {
-            if teams.iter().any(|(t, _)| t.name == team.name) {
-                continue;
-            }
-            let mut theirs = Vec::new();
-            for (key, limit, level) in [
-                (&team.day_key, team.daily_usd, BudgetLevel::TeamDay),
-                (&team.month_key, team.monthly_usd, BudgetLevel::TeamMonth),
-            ] {
-                if let Some(limit) = limit {
-                    let window = if level == BudgetLevel::TeamDay {
-                        DAY
-                    } else {
-                        MONTH
-                    };
-                    theirs.push((level, reads.len()));
-                    reads.push(Read {
-                        key: key.clone(),
-                        window,
-                        limit,
-                    });
-                }
-            }
-            teams.push((team.clone(), theirs));
-        }
-    }
-    let windows: Vec<(Arc<str>, Duration)> =
-        reads.iter().map(|r| (r.key.clone(), r.window)).collect();
+    let plan = Plan::of(cfg, book, now);
+    let windows: Vec<(Arc<str>, Duration)> = plan
+        .reads
+        .iter()
+        .map(|r| (r.key.clone(), r.window))
+        .collect();
     let sums = window_sums(store, now, &windows).await?;
     let spent = |i: usize| sums.get(i).copied().unwrap_or(0);
-    let ratio = |i: usize| spent(i) as f64 / reads[i].limit.max(1) as f64;
-    let team_of = |name: &str| teams.iter().find(|(t, _)| &*t.name == name);
+    let ratio = |i: usize| spent(i) as f64 / plan.reads[i].limit.max(1) as f64;
+    let window = |i: usize| window_json(plan.reads[i].limit, spent(i));
     let mut agents = Vec::new();
-    for (i, mine) in &plan {
+    for (i, mine) in &plan.agents {
         let rules = &cfg.agents[*i];
         let mut entry = json!({
             "agent": &*rules.name,
@@ -186,16 +215,15 @@ pub async fn report(
         let mut tasks = Vec::new();
         let mut task_ratio: Option<f64> = None;
         for (level, at, task) in mine {
-            let w = window_json(reads[*at].limit, spent(*at));
             match (level, task) {
                 (BudgetLevel::Task, Some(t)) => {
                     task_ratio = Some(task_ratio.map_or(ratio(*at), |r| r.max(ratio(*at))));
-                    let mut w = w;
+                    let mut w = window(*at);
                     w["task"] = json!(t);
                     tasks.push(w);
                 }
-                (BudgetLevel::AgentDay, _) => entry["day"] = w,
-                _ => entry["month"] = w,
+                (BudgetLevel::AgentDay, _) => entry["day"] = window(*at),
+                _ => entry["month"] = window(*at),
             }
             if *level != BudgetLevel::Task {
                 metrics.budget_used(&rules.name, *level, ratio(*at));
@@ -208,23 +236,25 @@ pub async fn report(
             entry["task_limit_usd"] = json!(micros_to_usd(limit));
             entry["tasks"] = json!(tasks);
         }
-        if let Some((_, theirs)) = rules.team.as_ref().and_then(|t| team_of(&t.name)) {
-            for (level, at) in theirs {
-                metrics.budget_used(&rules.name, *level, ratio(*at));
-            }
+        let team = rules.team.as_ref();
+        let theirs = team.and_then(|t| plan.teams.iter().find(|(u, _)| u.name == t.name));
+        for (level, at) in theirs.map_or(&[][..], |(_, r)| &r[..]) {
+            metrics.budget_used(&rules.name, *level, ratio(*at));
         }
         agents.push(entry);
     }
-    let teams: Vec<Value> = teams
+    let teams: Vec<Value> = plan
+        .teams
         .iter()
         .map(|(t, theirs)| {
             let mut v = json!({"team": &*t.name, "day": Value::Null, "month": Value::Null});
             for (level, at) in theirs {
-                let w = window_json(reads[*at].limit, spent(*at));
-                match level {
-                    BudgetLevel::TeamDay => v["day"] = w,
-                    _ => v["month"] = w,
-                }
+                let slot = if *level == BudgetLevel::TeamDay {
+                    "day"
+                } else {
+                    "month"
+                };
+                v[slot] = window(*at);
             }
             v
         })

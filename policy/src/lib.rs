@@ -21,7 +21,9 @@
 //! 7. routing (`unknown_model`), then the context window of the model
 //!    routed to (`context_window_exceeded`, [`prompt`]),
 //! 8. limits, all in one atomic store call: requests and tokens per minute
-//!    (`rate_limited`), in-flight requests (`too_many_in_flight`).
+//!    (`rate_limited`), in-flight requests (`too_many_in_flight`), token
+//!    and money budgets (`budget_exceeded`; money in micro-dollars, see
+//!    [`price`] and [`rules::MoneyAsk`]).
 //!
 //! Any failure while evaluating denies: a failed state store with
 //! `state_unavailable`, other internal failures with `policy_unavailable`; nothing is ever allowed by error. Rules of

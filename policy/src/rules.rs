@@ -525,6 +525,13 @@ impl AgentRules {
                 }
                 // What the call may spend: its own reservation plus what
                 // is left; the prompt is paid first, the rest buys output.
+                // Budgets in dry-run only report: they cut no stream.
+                let cuts = !self.is_dry_run(DenyCode::BudgetExceeded);
+                let (room, money_left) = if cuts {
+                    (room, money_left)
+                } else {
+                    (None, None)
+                };
                 let money_room = match (money_left, req.money) {
                     (Some(left), Some(m)) => m
                         .price
@@ -1410,11 +1417,12 @@ mod tests {
         let d = block_on(r.admit_limits(&store, t0, &req("t3", ask(0, 471)), &mut v)).unwrap_err();
         assert_eq!(d.budget.unwrap().level, BudgetLevel::AgentDay);
         assert!(d.retryable && d.retry_after.is_some());
-        // Dry-run: reported, taken.
+        // Dry-run: reported, taken, and no stream is cut for it.
         r.dry_run.insert(DenyCode::BudgetExceeded);
         let mut v = Verdict::default();
-        block_on(r.admit_limits(&store, t0, &req("t3", ask(0, 471)), &mut v)).unwrap();
+        let t = block_on(r.admit_limits(&store, t0, &req("t3", ask(0, 471)), &mut v)).unwrap();
         assert_eq!(v.would_deny.unwrap().code, DenyCode::BudgetExceeded);
+        assert_eq!((t.money_room, t.budget_room), (None, None));
         // No money asked (a tool call): no money windows.
         let (w, _) = r.limit_takes(&LimitRequest {
             money: None,

@@ -401,6 +401,27 @@ mod tests {
     }
 
     #[test]
+    fn a_money_refusal_carries_its_level_and_amounts() {
+        use loopgate_policy::{BudgetDetail, BudgetLevel};
+        let d = Deny::new(DenyCode::BudgetExceeded, "over").with_budget(BudgetDetail {
+            level: BudgetLevel::TeamMonth,
+            limit: 900_000_000,
+            reserve: 1_002,
+        });
+        let e = GatewayError::Denied(d);
+        let v: serde_json::Value = serde_json::from_slice(&render_json(&e, "rid", false)).unwrap();
+        assert_eq!(
+            v["error"]["budget"],
+            serde_json::json!({"level": "team_month", "limit_usd": 900.0, "reserved_usd": 0.001002})
+        );
+        assert_eq!((e.status(), e.error_type()), (402, "guard_error"));
+        // Any other refusal has none.
+        let e = GatewayError::Denied(Deny::new(DenyCode::BudgetExceeded, "tokens"));
+        let v: serde_json::Value = serde_json::from_slice(&render_json(&e, "r", false)).unwrap();
+        assert!(v["error"].get("budget").is_none());
+    }
+
+    #[test]
     fn rpc_errors_carry_the_code_and_answer_in_band_once_judged() {
         let d = Deny::new(DenyCode::ToolNotAllowed, "no").never_retryable();
         let e = GatewayError::Denied(d);
