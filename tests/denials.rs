@@ -249,3 +249,47 @@ fn oversized_bodies_get_413_whatever_the_framing() {
     ]);
     assert_eq!(r.status, 200);
 }
+
+/// An agent on the Anthropic SDK gets the gateway's refusals in its own
+/// family's shape (`{"type":"error","error":{"type":...}}`, the type
+/// Anthropic documents for the status), with Loopgate's fields in `error`.
+#[test]
+fn messages_refusals_are_anthropic_shaped() {
+    let mock = Mock::start();
+    let gw = Gateway::start_default(&mock);
+    let messages = gw.url("/v1/messages");
+    let key = format!("x-api-key: {AGENT_KEY}");
+    let body = r#"{"model":"claude-3-5-haiku-latest","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
+    let cases: [(Vec<&str>, u16, &str, &str); 3] = [
+        (
+            vec![&messages, "-d", body],
+            401,
+            "missing_key",
+            "authentication_error",
+        ),
+        (
+            vec![&messages, "-H", "x-api-key: sk-wrong", "-d", body],
+            401,
+            "unknown_key",
+            "authentication_error",
+        ),
+        (
+            vec![&messages, "-H", &key, "-d", "{\"model\":"],
+            400,
+            "invalid_json",
+            "invalid_request_error",
+        ),
+    ];
+    for (args, status, code, kind) in cases {
+        let r = curl(&args);
+        r.assert_gateway_error(status, code);
+        let v = r.json();
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], kind, "{v}");
+    }
+    // A chat completion keeps OpenAI's shape.
+    let r = curl(&[&gw.url("/v1/chat/completions"), "-d", "{}"]);
+    r.assert_gateway_error(401, "missing_key");
+    assert!(r.json().get("type").is_none(), "{}", r.text());
+    assert!(mock.requests().is_empty());
+}

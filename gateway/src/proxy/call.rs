@@ -29,6 +29,10 @@ pub enum Call {
 pub enum Wire {
     /// `{"error": {...}}` (OpenAI's shape), for model calls and unknown paths.
     Json,
+    /// `{"type": "error", "error": {...}}` (Anthropic's shape) with the
+    /// same fields, for Anthropic Messages calls: an agent on the
+    /// Anthropic SDK gets its own family's errors.
+    Anthropic,
     /// The same, saying whether the tool itself failed (`upstream_failed`).
     ToolJson,
     /// A JSON-RPC error response (MCP).
@@ -76,6 +80,7 @@ impl Call {
         match call {
             Some(Call::Tool { .. }) => Wire::ToolJson,
             Some(Call::Mcp { .. }) => Wire::JsonRpc,
+            Some(Call::Model(Endpoint::Messages)) => Wire::Anthropic,
             Some(Call::Model(_)) | None => Wire::Json,
         }
     }

@@ -48,6 +48,7 @@ pub async fn write_error(session: &mut Session, ctx: &mut RequestCtx, e: &Gatewa
     }
     let (status, body) = match Call::wire(ctx.call.as_ref()) {
         Wire::Json => (e.status(), render_json(e, &ctx.request_id, false)),
+        Wire::Anthropic => (e.status(), render_anthropic(e, &ctx.request_id)),
         Wire::ToolJson => (e.status(), render_json(e, &ctx.request_id, true)),
         Wire::JsonRpc => render_rpc(e, ctx.rpc_reply.as_ref(), &ctx.request_id),
     };
@@ -86,6 +87,44 @@ pub fn render_json(e: &GatewayError, request_id: &str, tool_call: bool) -> Vec<u
         v["error"]["budget"] = b;
     }
     serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// The Anthropic-shaped error body for a Messages call, with the same
+/// Loopgate fields as [`render_json`]:
+/// `{"type":"error","error":{"type":..,"message":..,"code":..,"request_id":..,"retryable":..}}`.
+/// `error.type` is the one Anthropic documents for the status, which its
+/// SDKs and agents branch on.
+pub fn render_anthropic(e: &GatewayError, request_id: &str) -> Vec<u8> {
+    let mut v = serde_json::json!({
+        "type": "error",
+        "error": {
+            "type": anthropic_error_type(e.status()),
+            "code": e.code(),
+            "message": e.message(),
+            "request_id": request_id,
+            "retryable": e.retryable(),
+        }
+    });
+    if let Some(b) = budget_json(e) {
+        v["error"]["budget"] = b;
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// Anthropic's error type for an HTTP status.
+fn anthropic_error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        408 | 504 => "timeout_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    }
 }
 
 /// A money budget's refusal, in numbers:
@@ -398,6 +437,29 @@ mod tests {
         let t: serde_json::Value = serde_json::from_slice(&render_json(&e, "r", true)).unwrap();
         assert_eq!(t["error"]["upstream_failed"], false);
         assert_eq!(e.status(), 403);
+    }
+
+    #[test]
+    fn messages_calls_get_anthropic_shaped_errors() {
+        let e = GatewayError::Denied(loopgate_policy::Deny::new(
+            loopgate_policy::DenyCode::RateLimited,
+            "slow down",
+        ));
+        let v: serde_json::Value = serde_json::from_slice(&render_anthropic(&e, "rid")).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+        assert_eq!(v["error"]["code"], "rate_limited");
+        assert_eq!(v["error"]["message"], "slow down");
+        assert_eq!(v["error"]["request_id"], "rid");
+        for (status, t) in [
+            (400, "invalid_request_error"),
+            (402, "billing_error"),
+            (405, "invalid_request_error"),
+            (502, "api_error"),
+            (503, "overloaded_error"),
+        ] {
+            assert_eq!(anthropic_error_type(status), t);
+        }
     }
 
     #[test]
