@@ -105,9 +105,53 @@ fn texts<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
     }
 }
 
+/// Texts longer than this are tokenized a piece at a time (cut before a
+/// whitespace near the end of the piece where there is one): the
+/// tokenizer's work space grows with the longest piece it is given (a
+/// multiple of it), so a string of megabytes would cost hundreds of
+/// megabytes at once. Exact but for a token at a cut that falls inside
+/// one (at most one per piece of a long string).
+const PIECE: usize = 64 * 1024;
+
+/// The tokens of `text`, a piece at a time ([`PIECE`]), stopping once past
+/// `limit`.
+fn count_text(bpe: &CoreBPE, text: &str, limit: u64) -> u64 {
+    let mut n = 0u64;
+    let mut rest = text;
+    while !rest.is_empty() && n <= limit {
+        let mut cut = rest.len().min(PIECE);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        if cut < rest.len() {
+            let near = rest[..cut]
+                .rfind(char::is_whitespace)
+                .filter(|&w| w > cut - PIECE / 4);
+            cut = near.unwrap_or(cut);
+        }
+        n += bpe.encode_ordinary(&rest[..cut]).len() as u64;
+        rest = &rest[cut..];
+    }
+    n
+}
+
 /// The prompt tokens of `body` (a JSON object) for `model`, with the
 /// tokenizer where the model has one, else `estimate`.
 pub fn count_prompt(endpoint: Endpoint, model: &str, body: &[u8], estimate: u64) -> (u64, Counted) {
+    count_prompt_until(endpoint, model, body, estimate, u64::MAX)
+}
+
+/// As [`count_prompt`], stopping once the count passes `limit` (what it
+/// returns then is over `limit`, not the whole count): a prompt of
+/// megabytes past a window of 128k tokens is refused after about the
+/// window's worth of tokenizing.
+pub fn count_prompt_until(
+    endpoint: Endpoint,
+    model: &str,
+    body: &[u8],
+    estimate: u64,
+    limit: u64,
+) -> (u64, Counted) {
     let Some(bpe) = tokenizer(model) else {
         return (estimate, Counted::Estimate);
     };
@@ -127,10 +171,13 @@ pub fn count_prompt(endpoint: Endpoint, model: &str, body: &[u8], estimate: u64)
         }
         texts(v, &mut out);
     }
-    let text: u64 = out
-        .iter()
-        .map(|t| bpe.encode_ordinary(t).len() as u64)
-        .sum();
+    let mut text = 0u64;
+    for t in &out {
+        if text > limit {
+            break;
+        }
+        text += count_text(bpe, t, limit - text);
+    }
     let overhead = match endpoint {
         Endpoint::ChatCompletions | Endpoint::Responses => {
             items.saturating_mul(PER_MESSAGE) + REPLY_PRIMING
@@ -139,6 +186,26 @@ pub fn count_prompt(endpoint: Endpoint, model: &str, body: &[u8], estimate: u64)
     };
     (text + overhead, Counted::Tokenizer)
 }
+
+/// Whether [`check_context`] counts a body of `body_len` bytes with
+/// `messages` messages (the bound without counting does not show that it
+/// fits): the count parses the body into a `serde_json::Value` and runs
+/// the tokenizer, memory the caller may want to charge first.
+pub fn counts(body_len: usize, messages: u64, window: u64, output: u64) -> bool {
+    bound(body_len, messages, output) > window
+}
+
+/// A prompt's tokens can be no more than this: every token covers a byte
+/// at least.
+fn bound(body_len: usize, messages: u64, output: u64) -> u64 {
+    (body_len as u64)
+        .saturating_add(messages.saturating_mul(PER_MESSAGE) + REPLY_PRIMING)
+        .saturating_add(output)
+}
+
+/// What the tokenizer may hold at once besides the tree: its work space
+/// for one [`PIECE`] (a multiple of it) and the tokens of one piece.
+pub const COUNT_WORK_BYTES: u64 = 64 * PIECE as u64;
 
 /// The context guard for one call: `window` is the model's, `output` the
 /// call's output limit per completion (its `max_tokens`, the agent's
@@ -156,13 +223,11 @@ pub fn check_context(
 ) -> Result<(), Deny> {
     // Every token covers a byte at least, and the estimate is below the
     // body's length: this bound fits, so the count would.
-    let bound = (body.len() as u64)
-        .saturating_add(messages.saturating_mul(PER_MESSAGE) + REPLY_PRIMING)
-        .saturating_add(output);
-    if bound <= window {
+    if bound(body.len(), messages, output) <= window {
         return Ok(());
     }
-    let (prompt, how) = count_prompt(endpoint, model, body, estimate);
+    let limit = window.saturating_sub(output);
+    let (prompt, how) = count_prompt_until(endpoint, model, body, estimate, limit);
     if prompt.saturating_add(output) <= window {
         return Ok(());
     }
@@ -182,6 +247,25 @@ pub fn check_context(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_string_is_counted_a_piece_at_a_time_and_stops_past_the_limit() {
+        let bpe = tokenizer("gpt-4o").unwrap();
+        // Words: pieces cut before a space count as the whole does.
+        let words = "the quick brown fox jumps over the lazy dog ".repeat(5000);
+        let whole = bpe.encode_ordinary(&words).len() as u64;
+        assert!(words.len() > 3 * PIECE);
+        assert_eq!(count_text(bpe, &words, u64::MAX), whole);
+        // No whitespace: cut at a character boundary, a token at most more
+        // a cut.
+        let wide = "\u{fdfa}".repeat(60_000);
+        let whole = bpe.encode_ordinary(&wide).len() as u64;
+        let pieces = count_text(bpe, &wide, u64::MAX);
+        assert!(pieces >= whole && pieces <= whole + (wide.len() / PIECE) as u64);
+        // Past the limit it stops: over the limit, and short of the whole.
+        let n = count_text(bpe, &words, 1000);
+        assert!(n > 1000 && n < whole, "{n}");
+    }
 
     fn chat(content: &str) -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!({

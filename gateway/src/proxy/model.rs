@@ -56,7 +56,7 @@ pub async fn judge(
     }
     let plan = rules.check_body(&facts, verdict)?;
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
-    context_guard(endpoint, &route, &facts, &body, plan.output_tokens).await?;
+    context_guard(endpoint, &route, &facts, &body, plan.output_tokens, ctx).await?;
     Ok(Judgement::Forward(Box::new(Judged {
         route_name,
         route,
@@ -94,6 +94,7 @@ async fn context_guard(
     facts: &loopgate_policy::BodyFacts,
     body: &Bytes,
     output_tokens: u64,
+    ctx: &mut RequestCtx,
 ) -> Result<(), GatewayError> {
     let sent = route.sent_model(0, &facts.model);
     let Some((window, max_output)) = route.models.prices.window(sent) else {
@@ -106,21 +107,32 @@ async fn context_guard(
     };
     let estimated = facts.estimated_prompt_tokens();
     let messages = facts.messages.unwrap_or(0) as u64;
-    if body.len() <= JUDGE_ASIDE_BYTES {
+    // Counting parses the body into a tree again and runs the tokenizer:
+    // charged like judging while it runs.
+    let work = match loopgate_policy::prompt::counts(body.len(), messages, window, output) {
+        true => ctx.intake.judging(
+            loopgate_policy::json::parse_cost(body) + loopgate_policy::prompt::COUNT_WORK_BYTES,
+        )?,
+        false => 0,
+    };
+    let checked = if body.len() <= JUDGE_ASIDE_BYTES {
         loopgate_policy::prompt::check_context(
             endpoint, sent, body, estimated, messages, window, output,
-        )?;
-        return Ok(());
-    }
-    // Counting a large prompt's tokens is judging work too.
-    let (sent, body) = (sent.to_string(), body.clone());
-    aside(move || {
-        loopgate_policy::prompt::check_context(
-            endpoint, &sent, &body, estimated, messages, window, output,
         )
-    })
-    .await??;
-    Ok(())
+        .map_err(GatewayError::from)
+    } else {
+        // Counting a large prompt's tokens is judging work too.
+        let (sent, body) = (sent.to_string(), body.clone());
+        aside(move || {
+            loopgate_policy::prompt::check_context(
+                endpoint, &sent, &body, estimated, messages, window, output,
+            )
+        })
+        .await
+        .and_then(|r| r.map_err(GatewayError::from))
+    };
+    ctx.intake.shrink(work);
+    checked
 }
 
 /// Judges the body (facts, blocked phrases) and, when the task's loop
