@@ -109,7 +109,7 @@ fn prompt_body(kb: usize) -> Vec<u8> {
 }
 
 fn pricing_and_counting(c: &mut Criterion) {
-    use loopgate_policy::prompt::{check_context, count_prompt};
+    use loopgate_policy::prompt::{count_prompt, ContextCheck};
     use loopgate_policy::{Price, Usage};
     let mut g = c.benchmark_group("pricing_and_counting");
     let price = Price {
@@ -138,17 +138,16 @@ fn pricing_and_counting(c: &mut Criterion) {
     // The guard's usual case: far below the window, nothing counted.
     let body = prompt_body(16);
     g.bench_function("guard_16kb_under_the_bound", |b| {
-        b.iter(|| {
-            check_context(
-                Endpoint::ChatCompletions,
-                "gpt-4o",
-                black_box(&body),
-                1,
-                2,
-                128_000,
-                512,
-            )
-        })
+        let guard = ContextCheck {
+            endpoint: Endpoint::ChatCompletions,
+            model: "gpt-4o",
+            window: 128_000,
+            output: 512,
+            estimate: 1,
+            messages: 2,
+            watch: Some(0.8),
+        };
+        b.iter(|| guard.check(black_box(&body)))
     });
     g.finish();
 }

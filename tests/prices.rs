@@ -358,3 +358,59 @@ fn a_prompt_past_the_context_window_is_refused_before_it_goes_upstream() {
     );
     assert_eq!(mock.requests().len(), 3);
 }
+
+#[test]
+fn a_task_whose_prompt_fills_its_window_is_warned_then_stopped() {
+    let mock = Mock::start();
+    // Yellow at the default 80% of the window, red (stop) at 90%.
+    let cfg = guarded_config(&mock)
+        + "    watchdog: { red: { context_share: 0.9 }, action: stop }\n    loop_guard: { enabled: false }\n";
+    let gw = Gateway::start(&cfg);
+    let call = |words: usize, task: &str| {
+        let body = serde_json::json!({
+            "model": "gpt-4o", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "lorem ".repeat(words)}],
+        })
+        .to_string();
+        let task = format!("x-agent-task-id: {task}");
+        curl(&[
+            &gw.url("/v1/chat/completions"),
+            "-H",
+            &auth(AGENT_KEY),
+            "-H",
+            &task,
+            "-d",
+            &body,
+        ])
+    };
+    // gpt-4o's window here is 500 tokens; "lorem " is one token a word,
+    // plus 7 for the message and the reply's priming.
+    let r = call(300, "t1");
+    assert_eq!((r.status, r.header("x-loopgate-guard")), (200, None));
+    let r = call(410, "t1");
+    assert_eq!(
+        (r.status, r.header("x-loopgate-guard")),
+        (200, Some("warn"))
+    );
+    let r = call(460, "t1");
+    r.assert_gateway_error(429, "task_stopped");
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    // 460 words and the overhead are about 94% of 500.
+    assert!(
+        msg.contains("context window used 9") && msg.contains("% >= 90%"),
+        "{msg}"
+    );
+    assert_eq!(mock.requests().len(), 2, "the stopped call never left");
+    // Without a task id the watchdog does not watch: only the window
+    // itself is enforced.
+    let r = curl(&[
+        &gw.url("/v1/chat/completions"),
+        "-H",
+        &auth(AGENT_KEY),
+        "-d",
+        &serde_json::json!({"model": "gpt-4o", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "lorem ".repeat(460)}]})
+        .to_string(),
+    ]);
+    assert_eq!((r.status, r.header("x-loopgate-guard")), (200, None));
+}

@@ -16,6 +16,7 @@ mod reload;
 mod secret;
 mod server;
 mod shared;
+mod spend;
 
 use clap::{Parser, Subcommand};
 use std::io::{Read, Write};

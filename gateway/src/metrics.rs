@@ -8,8 +8,8 @@
 use loopgate_breaker::{State, Transition};
 use loopgate_policy::DenyCode;
 use prometheus::{
-    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -35,6 +35,10 @@ pub struct Metrics {
     pub loop_trips: IntCounterVec,
     pub guard: IntCounterVec,
     pub budget_cuts: IntCounterVec,
+    /// Share of each money budget used, by agent and scope (a fixed set).
+    budget_used: GaugeVec,
+    /// Watched calls whose task was predicted to overrun its money budget.
+    pub predicted_overruns: IntCounterVec,
     /// 1 while the shared state store (Redis) answers; 1 for memory.
     pub state_available: IntGauge,
     /// Admissions made on local limits while Redis was away.
@@ -65,6 +69,13 @@ const OVERHEAD_BUCKETS: &[f64] = &[
 ];
 
 impl Metrics {
+    /// Sets `agent`'s used share of its money budget at `level`.
+    pub fn budget_used(&self, agent: &str, level: loopgate_policy::BudgetLevel, ratio: f64) {
+        self.budget_used
+            .with_label_values(&[agent, crate::spend::scope(level)])
+            .set(ratio);
+    }
+
     pub fn new() -> Metrics {
         let registry = Registry::new();
         macro_rules! reg {
@@ -153,9 +164,20 @@ impl Metrics {
                 counter("loopgate_guard_total", "Watchdog actions by agent: warn, degrade, stop."),
                 &["agent", "action"]
             )),
-            budget_cuts: reg!(IntCounterVec::new(
-                counter("loopgate_budget_cuts_total", "Streams cut because they outgrew their token budget."),
+            predicted_overruns: reg!(IntCounterVec::new(
+                counter(
+                    "loopgate_predicted_overruns_total",
+                    "Calls of tasks whose predicted spend crossed the task's money budget, by agent."
+                ),
                 &["agent"]
+            )),
+            budget_cuts: reg!(IntCounterVec::new(
+                counter("loopgate_budget_cuts_total", "Streams cut because they outgrew their token or money budget."),
+                &["agent"]
+            )),
+            budget_used: reg!(GaugeVec::new(
+                Opts::new("loopgate_budget_used_ratio", "Share of a money budget used (reservations included), by agent and scope: task (its most used open task), day, month, team_day, team_month. Set at each admission and each read of /admin/spend."),
+                &["agent", "scope"]
             )),
             state_available: reg!(IntGauge::new(
                 "loopgate_state_available",

@@ -83,6 +83,7 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
         work_stealing: threads > 1,
         ..ServerConf::default()
     };
+    let spend = Arc::new(crate::spend::SpendBook::default());
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
@@ -90,11 +91,12 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
         &server.configuration,
         Gateway::new(
             config.clone(),
-            store,
+            store.clone(),
             clock.clone(),
             metrics.clone(),
             breakers.clone(),
             access_log.clone(),
+            spend.clone(),
         ),
     );
     let nofile = crate::connections::raise_nofile();
@@ -127,6 +129,8 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
             clock,
             path: reload_path,
             shared,
+            store,
+            spend,
             access_log,
         };
         let mut svc = Service::new("loopgate admin".to_string(), admin_app);
@@ -190,6 +194,9 @@ struct Admin {
     path: PathBuf,
     /// The Redis side of shared state, when configured.
     shared: Option<Arc<Shared>>,
+    /// The state store the proxy admits with (spend is read from it).
+    store: Arc<dyn loopgate_policy::StateStore>,
+    spend: Arc<crate::spend::SpendBook>,
     access_log: Arc<AccessLog>,
 }
 
@@ -304,6 +311,18 @@ impl ServeHttp for Admin {
                 ),
             },
             ("/admin/config", true, _) => json_response(200, &cfg.redacted_json()),
+            ("/admin/spend", true, _) => {
+                let now = self.clock.now();
+                match crate::spend::report(&cfg, &*self.store, &self.spend, &self.metrics, now)
+                    .await
+                {
+                    Ok(v) => json_response(200, &v),
+                    Err(e) => json_response(
+                        503,
+                        &serde_json::json!({"error": {"code": "state_unavailable", "message": e.to_string()}}),
+                    ),
+                }
+            }
             ("/admin/reload", _, true) => {
                 match reload::try_reload(&self.path, &self.config, &self.metrics) {
                     Ok(()) => json_response(200, &serde_json::json!({"ok": true})),
@@ -352,7 +371,12 @@ impl ServeHttp for Admin {
                     ),
                 }
             }
-            ("/health" | "/ready" | "/metrics" | "/admin/breakers" | "/admin/config", false, _)
+            (
+                "/health" | "/ready" | "/metrics" | "/admin/breakers" | "/admin/config"
+                | "/admin/spend",
+                false,
+                _,
+            )
             | ("/admin/reload" | "/admin/access-log/reopen", _, false) => json_response(
                 405,
                 &serde_json::json!({"error": {"code": "method_not_allowed"}}),

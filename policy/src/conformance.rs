@@ -53,6 +53,7 @@ pub async fn run_all(store: Arc<dyn StateStore>, prefix: &str, t0: Duration) {
     slots_are_held_until_released(&*store, &format!("{prefix}s1:"), t0).await;
     settle_replaces_the_estimate(&*store, &format!("{prefix}w5:"), t0).await;
     a_busy_budget_settles_each_lease_once(&*store, &format!("{prefix}w6:"), t0).await;
+    money_windows_settle_down_and_up(&*store, &format!("{prefix}m1:"), t0).await;
     idempotency_records(&*store, &format!("{prefix}i1:"), t0).await;
     concurrent_admissions_never_exceed(store.clone(), &format!("{prefix}c1:"), t0).await;
     records_swap_only_from_the_version_read(&*store, &format!("{prefix}r1:"), t0).await;
@@ -356,6 +357,108 @@ pub async fn slots_are_held_until_released(store: &dyn StateStore, p: &str, t0: 
     assert!(!taken(store, t0, &[], &s).await, "slots: full again");
     store.release(&lb).await.unwrap();
     assert!(taken(store, t0, &[], &s).await);
+}
+
+/// Money budgets are windows in micro-dollars (large numbers) over a day
+/// and 30 days: a call settles down to what it cost, or up past its
+/// reservation (and past the limit) when the answer cost more; then
+/// nothing fits until the month's slice leaves, and the store says when.
+pub async fn money_windows_settle_down_and_up(store: &dyn StateStore, p: &str, t0: Duration) {
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+    const MONTH: Duration = Duration::from_secs(30 * 24 * 3600);
+    let (day, month) = (format!("{p}usd:day"), format!("{p}usd:month"));
+    // $5,000 a day, $40,000 a month, in micro-dollars.
+    let takes = |cost: u64| {
+        [
+            WindowTake {
+                key: day.clone().into(),
+                limit: 5_000_000_000,
+                window: DAY,
+                cost,
+                enforce: true,
+            },
+            WindowTake {
+                key: month.clone().into(),
+                limit: 40_000_000_000,
+                window: MONTH,
+                cost,
+                enforce: true,
+            },
+        ]
+    };
+    let AdmitOutcome::Taken {
+        lease, remaining, ..
+    } = store.admit(t0, &takes(3_000_000_000), &[]).await.unwrap()
+    else {
+        panic!("money: refused");
+    };
+    assert_eq!(remaining, vec![2_000_000_000, 37_000_000_000]);
+    // Settled down: $3,000 reserved, $1,234.567891 spent.
+    store
+        .finish(
+            t0,
+            &lease,
+            &[
+                (day.as_str(), 1_234_567_891),
+                (month.as_str(), 1_234_567_891),
+            ],
+        )
+        .await
+        .unwrap();
+    let AdmitOutcome::Taken {
+        lease, remaining, ..
+    } = store.admit(t0, &takes(3_000_000_000), &[]).await.unwrap()
+    else {
+        panic!("money: the refund did not free room");
+    };
+    assert_eq!(remaining, vec![765_432_109, 35_765_432_109]);
+    // Settled up: the answer cost $39,000, more than reserved and than the
+    // day allows; the windows hold it all.
+    store
+        .finish(
+            t0,
+            &lease,
+            &[
+                (day.as_str(), 39_000_000_000),
+                (month.as_str(), 39_000_000_000),
+            ],
+        )
+        .await
+        .unwrap();
+    let out = store.admit(t0, &takes(1), &[]).await.unwrap();
+    let AdmitOutcome::Refused(Refusal::Window {
+        index: 0,
+        retry_after: Some(after),
+    }) = out
+    else {
+        panic!("money: over the day after settling up: {out:?}");
+    };
+    assert_eq!(after, slice_end(t0, DAY) + DAY - t0, "money: the day frees");
+    // A day later the month is still full, until its slice leaves.
+    let later = slice_end(t0, DAY) + DAY;
+    let out = store
+        .admit(later, &takes(1_000_000_000), &[])
+        .await
+        .unwrap();
+    let AdmitOutcome::Refused(Refusal::Window {
+        index: 1,
+        retry_after: Some(after),
+    }) = out
+    else {
+        panic!("money: the month still holds it: {out:?}");
+    };
+    assert_eq!(after, slice_end(t0, MONTH) + MONTH - later);
+    assert!(taken(store, later + after, &takes(1_000_000_000), &[]).await);
+    // What the windows hold is read without changing them.
+    let keys = [
+        (Arc::from(day.as_str()), DAY),
+        (Arc::from(month.as_str()), MONTH),
+    ];
+    let at = later + after;
+    let sums = crate::store::window_sums(store, at, &keys).await.unwrap();
+    assert_eq!(sums, vec![1_000_000_000, 1_000_000_000], "money: read");
+    let again = crate::store::window_sums(store, at, &keys).await.unwrap();
+    assert_eq!(again, sums, "money: a read takes nothing");
 }
 
 pub async fn settle_replaces_the_estimate(store: &dyn StateStore, p: &str, t0: Duration) {

@@ -60,10 +60,14 @@ pub enum DenyCode {
     InvalidHeader,
     /// The prompt plus the output limit exceeds the model's context window.
     ContextWindowExceeded,
+    /// A call under a money budget to a model without a price, with
+    /// `on_unknown_price: deny`: a budget that cannot be computed is not
+    /// a budget.
+    PriceUnknown,
 }
 
 impl DenyCode {
-    pub const ALL: [DenyCode; 34] = [
+    pub const ALL: [DenyCode; 35] = [
         DenyCode::NotFound,
         DenyCode::MethodNotAllowed,
         DenyCode::MissingKey,
@@ -98,6 +102,7 @@ impl DenyCode {
         DenyCode::SessionNotOwned,
         DenyCode::InvalidHeader,
         DenyCode::ContextWindowExceeded,
+        DenyCode::PriceUnknown,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -136,6 +141,7 @@ impl DenyCode {
             DenyCode::SessionNotOwned => "session_not_owned",
             DenyCode::InvalidHeader => "invalid_header",
             DenyCode::ContextWindowExceeded => "context_window_exceeded",
+            DenyCode::PriceUnknown => "price_unknown",
         }
     }
 
@@ -165,7 +171,7 @@ impl DenyCode {
             | DenyCode::ContextWindowExceeded
             | DenyCode::TooManyMessages => 400,
             DenyCode::RateLimited | DenyCode::TooManyInFlight | DenyCode::TaskStopped => 429,
-            DenyCode::BudgetExceeded => 402,
+            DenyCode::BudgetExceeded | DenyCode::PriceUnknown => 402,
             DenyCode::InvalidPath | DenyCode::IdempotencyKeyRequired => 400,
             DenyCode::RequestInProgress | DenyCode::OutcomeUnknown | DenyCode::ToolIsolated => 409,
             DenyCode::IdempotencyKeyReused => 422,
@@ -187,6 +193,7 @@ impl DenyCode {
             DenyCode::NotFound | DenyCode::UnknownModel => "not_found_error",
             DenyCode::RateLimited | DenyCode::TooManyInFlight => "rate_limit_error",
             DenyCode::BudgetExceeded
+            | DenyCode::PriceUnknown
             | DenyCode::LoopDetected
             | DenyCode::TaskStopped
             | DenyCode::ToolIsolated => "guard_error",
@@ -239,6 +246,7 @@ impl DenyCode {
                 | DenyCode::RateLimited
                 | DenyCode::TooManyInFlight
                 | DenyCode::BudgetExceeded
+                | DenyCode::PriceUnknown
                 | DenyCode::LoopDetected
                 | DenyCode::TaskStopped
                 | DenyCode::ToolIsolated
@@ -262,6 +270,62 @@ pub fn clip(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
+/// Which money budget refused a call (a fixed set: also a metrics label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BudgetLevel {
+    /// The task's (`x-agent-task-id`) budget, `budgets.task_usd`.
+    Task,
+    /// The agent's, any 24 hours (`budgets.daily_usd`).
+    AgentDay,
+    /// The agent's, any 30 days (`budgets.monthly_usd`).
+    AgentMonth,
+    /// The agent's team's, any 24 hours (`teams.<t>.daily_usd`).
+    TeamDay,
+    /// The agent's team's, any 30 days (`teams.<t>.monthly_usd`).
+    TeamMonth,
+}
+
+impl BudgetLevel {
+    pub const ALL: [BudgetLevel; 5] = [
+        BudgetLevel::Task,
+        BudgetLevel::AgentDay,
+        BudgetLevel::AgentMonth,
+        BudgetLevel::TeamDay,
+        BudgetLevel::TeamMonth,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetLevel::Task => "task",
+            BudgetLevel::AgentDay => "agent_day",
+            BudgetLevel::AgentMonth => "agent_month",
+            BudgetLevel::TeamDay => "team_day",
+            BudgetLevel::TeamMonth => "team_month",
+        }
+    }
+
+    /// In words, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            BudgetLevel::Task => "task budget",
+            BudgetLevel::AgentDay => "agent's daily budget",
+            BudgetLevel::AgentMonth => "agent's monthly budget",
+            BudgetLevel::TeamDay => "team's daily budget",
+            BudgetLevel::TeamMonth => "team's monthly budget",
+        }
+    }
+}
+
+/// The amounts of a money budget's refusal, in micro-dollars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetDetail {
+    pub level: BudgetLevel,
+    /// The budget.
+    pub limit: u64,
+    /// What this call would have reserved.
+    pub reserve: u64,
+}
+
 /// A refusal with a human-readable reason. The message never contains a
 /// secret: at most a model, tool or header name, or a path the agent sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,6 +335,9 @@ pub struct Deny {
     pub retryable: bool,
     /// When a retry can succeed (sent as `Retry-After`, whole seconds).
     pub retry_after: Option<Duration>,
+    /// A money budget's refusal: which level, with its amounts (boxed:
+    /// every other refusal carries none, and a `Deny` travels in `Result`s).
+    pub budget: Option<Box<BudgetDetail>>,
 }
 
 impl Deny {
@@ -280,7 +347,14 @@ impl Deny {
             message: message.into(),
             retryable: code.retryable(),
             retry_after: None,
+            budget: None,
         }
+    }
+
+    /// The money budget that refused, with its amounts.
+    pub fn with_budget(mut self, detail: BudgetDetail) -> Self {
+        self.budget = Some(Box::new(detail));
+        self
     }
 
     /// A retry after `after` can succeed.

@@ -40,6 +40,7 @@ pub mod normalize;
 pub mod output;
 pub mod pattern;
 pub mod phrases;
+pub mod predict;
 pub mod price;
 pub mod prompt;
 pub mod rewrite;
@@ -53,7 +54,7 @@ pub mod watchdog;
 
 pub use body::{inspect_body, inspect_body_with, BodyFacts, NoTokens};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{clip, Deny, DenyCode};
+pub use decision::{clip, BudgetDetail, BudgetLevel, Deny, DenyCode};
 pub use endpoint::Endpoint;
 pub use keys::{hash_key, KeyDigest, KeyIndex};
 pub use output::{LimitField, OutputLimit, TargetOutput};
@@ -61,11 +62,14 @@ pub use pattern::{NamePattern, PatternList};
 pub use phrases::PhraseMatcher;
 pub use price::Price;
 pub use rewrite::replace_model;
-pub use rules::{AgentKeys, AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, Verdict};
+pub use rules::{
+    AgentKeys, AgentRules, Budgets, LimitRequest, Limits, LimitsTaken, Mode, MoneyAsk, Team,
+    Verdict,
+};
 pub use store::{
-    slice_end, slice_of, step_record, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease,
-    MemoryStore, Refusal, SlotTake, StateStore, StepError, StoreError, WindowTake, MAX_RECORDS,
-    MAX_SESSIONS, SESSION_PREFIX, SLICES,
+    slice_end, slice_of, step_record, window_sums, AdmitOutcome, IdemBegin, IdemOutcome,
+    IdemRecord, Lease, MemoryStore, Refusal, SlotTake, StateStore, StepError, StoreError,
+    WindowTake, MAX_RECORDS, MAX_SESSIONS, SESSION_PREFIX, SLICES,
 };
 pub use streak::Streak;
 pub use tokens::{Token, TokenSink};

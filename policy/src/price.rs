@@ -33,12 +33,88 @@ impl Price {
             / 1e6
     }
 
+    /// The cost of `u` in micro-dollars, rounded up: what a money budget
+    /// is charged (see [`micros`]).
+    pub fn cost_micros(&self, u: &Usage) -> u64 {
+        let full = u.input_tokens.saturating_sub(u.cached_input_tokens);
+        let cached = u.cached_input_tokens.saturating_add(u.cache_read_tokens);
+        micros(
+            picos(self.input) * u128::from(full)
+                + picos(self.cache_read) * u128::from(cached)
+                + picos(self.cache_write) * u128::from(u.cache_write_tokens)
+                + picos(self.output) * u128::from(u.output_tokens),
+        )
+    }
+
+    /// What a call is reserved before it runs, in micro-dollars (rounded
+    /// up): its `prompt` estimate at the input price plus `output` tokens
+    /// at the output price. Cached tokens are not known before the call;
+    /// settlement prices them as reported.
+    pub fn reserve_micros(&self, prompt: u64, output: u64) -> u64 {
+        micros(picos(self.input) * u128::from(prompt) + picos(self.output) * u128::from(output))
+    }
+
+    /// How many output tokens `micros` pays for (rounded down); `None`
+    /// when output is free.
+    pub fn output_tokens_for(&self, micros: u64) -> Option<u64> {
+        let per = picos(self.output);
+        (per > 0).then(|| u64::try_from(u128::from(micros) * 1_000_000 / per).unwrap_or(u64::MAX))
+    }
+
+    /// The dearer of two prices, field by field: what a call that may be
+    /// served by either costs at most.
+    pub fn max(self, o: Price) -> Price {
+        Price {
+            input: self.input.max(o.input),
+            output: self.output.max(o.output),
+            cache_read: self.cache_read.max(o.cache_read),
+            cache_write: self.cache_write.max(o.cache_write),
+        }
+    }
+
     /// Every price is a finite number, not negative.
     pub fn is_valid(&self) -> bool {
         [self.input, self.output, self.cache_read, self.cache_write]
             .iter()
             .all(|p| p.is_finite() && *p >= 0.0)
     }
+}
+
+/// Dollars per million tokens are micro-dollars per token; held as whole
+/// pico-dollars per token, so money sums are exact integers (a price with
+/// more than six decimals per million tokens is rounded to six).
+fn picos(price: f64) -> u128 {
+    if price.is_finite() && price > 0.0 {
+        (price * 1e6).round() as u128
+    } else {
+        0
+    }
+}
+
+/// Pico-dollars to micro-dollars, rounded up (never charged less).
+fn micros(picos: u128) -> u64 {
+    u64::try_from(picos.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// Dollars as micro-dollars, rounded to the nearest (a budget as written).
+pub fn usd_to_micros(usd: f64) -> Option<u64> {
+    (0.0..=1e12)
+        .contains(&usd)
+        .then(|| (usd * 1e6).round() as u64)
+}
+
+/// Micro-dollars written as dollars for a message: at least two decimals,
+/// up to six (`5.00`, `0.005`, `0.001002`).
+pub fn fmt_usd(micros: u64) -> String {
+    let s = format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000);
+    let keep = s.trim_end_matches('0');
+    let min = s.len() - 4;
+    s[..keep.len().max(min)].to_string()
+}
+
+/// Micro-dollars as dollars (for messages, logs and the admin API).
+pub fn micros_to_usd(micros: u64) -> f64 {
+    micros as f64 / 1e6
 }
 
 #[cfg(test)]
@@ -87,6 +163,49 @@ mod tests {
         };
         // 0.03 + 0.03 + 0.075 + 0.03
         assert!((p.cost(&u) - 0.165).abs() < 1e-12);
+    }
+
+    #[test]
+    fn micro_dollars_are_exact_and_rounded_up() {
+        // gpt-4o-mini: $0.15 in (0.15 * 1000 is 150.00000000000003 as f64),
+        // $0.075 cached, $0.60 out.
+        let p = Price {
+            input: 0.15,
+            output: 0.6,
+            cache_read: 0.075,
+            cache_write: 0.15,
+        };
+        assert_eq!(p.reserve_micros(1000, 100), 150 + 60);
+        let u = Usage {
+            input_tokens: 1000,
+            cached_input_tokens: 400,
+            output_tokens: 100,
+            ..Usage::default()
+        };
+        // 600 * 0.15 + 400 * 0.075 + 100 * 0.6 = 90 + 30 + 60
+        assert_eq!(p.cost_micros(&u), 180);
+        // One token at $0.15/M is 0.15 micro-dollars: charged as 1.
+        assert_eq!(p.reserve_micros(1, 0), 1);
+        assert_eq!(p.output_tokens_for(60), Some(100));
+        assert_eq!(p.output_tokens_for(59), Some(98));
+        assert_eq!(Price::default().output_tokens_for(1), None);
+        assert_eq!(usd_to_micros(1.5), Some(1_500_000));
+        assert_eq!(fmt_usd(5_000_000), "5.00");
+        assert_eq!(fmt_usd(5_000), "0.005");
+        assert_eq!(fmt_usd(1_002), "0.001002");
+        assert_eq!(fmt_usd(12_340_000), "12.34");
+        assert_eq!(usd_to_micros(-1.0), None);
+        assert_eq!(usd_to_micros(f64::NAN), None);
+        let dear = p.max(Price {
+            input: 3.0,
+            output: 0.1,
+            cache_read: 0.0,
+            cache_write: 3.75,
+        });
+        assert_eq!(
+            (dear.input, dear.output, dear.cache_write),
+            (3.0, 0.6, 3.75)
+        );
     }
 
     #[test]

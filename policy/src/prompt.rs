@@ -13,9 +13,10 @@
 //!
 //! Other families (Anthropic, local models) are estimated: one token per
 //! 4 bytes of the body's text ([`crate::BodyFacts::estimated_prompt_tokens`]),
-//! the usual rule of thumb for English. It undercounts code and non-Latin
-//! scripts; the guard then lets the provider refuse instead (a false
-//! refusal here would be worse).
+//! the usual rule of thumb for English. Against a real count
+//! (`benches/estimate.rs`) it undercounts JSON by up to ~40% and
+//! overcounts multi-byte scripts; an undercount lets the provider refuse
+//! instead (a false refusal here would be worse).
 //!
 //! The tokenizer is not cheap (about 17-20 us per KB of prompt, see the
 //! `pricing_and_counting` bench),
@@ -25,7 +26,6 @@
 
 use crate::decision::{Deny, DenyCode};
 use crate::endpoint::Endpoint;
-use serde_json::Value;
 use tiktoken_rs::tokenizer::{get_tokenizer, Tokenizer};
 use tiktoken_rs::CoreBPE;
 
@@ -89,28 +89,12 @@ fn skipped(key: &str) -> bool {
     )
 }
 
-/// The texts of a prompt, and how many messages (or input items) it has.
-fn texts<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
-    match v {
-        Value::String(s) => out.push(s),
-        Value::Array(a) => a.iter().for_each(|x| texts(x, out)),
-        Value::Object(o) => {
-            for (k, x) in o {
-                if !skipped(k) {
-                    texts(x, out);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Texts longer than this are tokenized a piece at a time (cut before a
 /// whitespace near the end of the piece where there is one): the
 /// tokenizer's work space grows with the longest piece it is given (a
 /// multiple of it), so a string of megabytes would cost hundreds of
-/// megabytes at once. Exact but for a token at a cut that falls inside
-/// one (at most one per piece of a long string).
+/// megabytes at once (8 MiB of U+FDFA: 418 MB). Exact but for a token at
+/// a cut that falls inside one (at most one per piece of a long string).
 const PIECE: usize = 64 * 1024;
 
 /// The tokens of `text`, a piece at a time ([`PIECE`]), stopping once past
@@ -155,93 +139,192 @@ pub fn count_prompt_until(
     let Some(bpe) = tokenizer(model) else {
         return (estimate, Counted::Estimate);
     };
-    let Ok(Value::Object(doc)) = serde_json::from_slice::<Value>(body) else {
-        return (estimate, Counted::Estimate);
+    // Read as tokens, not into a `serde_json::Value`: a tree of a body of
+    // tiny strings costs many times the body (see `crate::tokens`), and
+    // counting runs on the largest bodies.
+    let mut counter = Counter {
+        bpe,
+        depth: 0,
+        field: Field::Other,
+        skip_next: false,
+        skip_from: None,
+        items: 0,
+        in_items: false,
+        text: 0,
+        limit,
+        object: false,
     };
-    let mut out = Vec::new();
-    let mut items = 0u64;
-    for field in PROMPT_FIELDS {
-        let Some(v) = doc.get(field) else {
-            continue;
-        };
-        if matches!(field, "messages" | "input") {
-            if let Value::Array(a) = v {
-                items += a.len() as u64;
-            }
-        }
-        texts(v, &mut out);
-    }
-    let mut text = 0u64;
-    for t in &out {
-        if text > limit {
-            break;
-        }
-        text += count_text(bpe, t, limit - text);
+    if crate::tokens::read(body, &mut counter).is_err() || !counter.object {
+        return (estimate, Counted::Estimate);
     }
     let overhead = match endpoint {
         Endpoint::ChatCompletions | Endpoint::Responses => {
-            items.saturating_mul(PER_MESSAGE) + REPLY_PRIMING
+            counter.items.saturating_mul(PER_MESSAGE) + REPLY_PRIMING
         }
         _ => 0,
     };
-    (text + overhead, Counted::Tokenizer)
+    (counter.text + overhead, Counted::Tokenizer)
 }
 
-/// Whether [`check_context`] counts a body of `body_len` bytes with
-/// `messages` messages (the bound without counting does not show that it
-/// fits): the count parses the body into a `serde_json::Value` and runs
-/// the tokenizer, memory the caller may want to charge first.
-pub fn counts(body_len: usize, messages: u64, window: u64, output: u64) -> bool {
-    bound(body_len, messages, output) > window
+/// Which top-level field the tokens being read belong to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Field {
+    /// A prompt field whose items are messages (`messages`, `input`).
+    Items,
+    /// Another prompt field.
+    Prompt,
+    Other,
 }
 
-/// A prompt's tokens can be no more than this: every token covers a byte
-/// at least.
-fn bound(body_len: usize, messages: u64, output: u64) -> u64 {
-    (body_len as u64)
-        .saturating_add(messages.saturating_mul(PER_MESSAGE) + REPLY_PRIMING)
-        .saturating_add(output)
+/// Counts the tokens of every string under a prompt field, except under
+/// keys that hold no text ([`skipped`]), and the items of `messages` or
+/// `input`.
+struct Counter {
+    bpe: &'static CoreBPE,
+    /// Containers open.
+    depth: usize,
+    field: Field,
+    /// The next value belongs to a skipped key.
+    skip_next: bool,
+    /// Inside a skipped key's container opened at this depth.
+    skip_from: Option<usize>,
+    items: u64,
+    /// Inside the array of `messages` or `input`.
+    in_items: bool,
+    text: u64,
+    /// Past this many tokens of text, no more is tokenized.
+    limit: u64,
+    /// The document is an object.
+    object: bool,
 }
 
-/// What the tokenizer may hold at once besides the tree: its work space
-/// for one [`PIECE`] (a multiple of it) and the tokens of one piece.
-pub const COUNT_WORK_BYTES: u64 = 64 * PIECE as u64;
-
-/// The context guard for one call: `window` is the model's, `output` the
-/// call's output limit per completion (its `max_tokens`, the agent's
-/// inserted limit, or the default output), `estimate` the body's
-/// length-based estimate and `messages` its message count. Counts only
-/// when the cheap bound does not already show the call fits.
-pub fn check_context(
-    endpoint: Endpoint,
-    model: &str,
-    body: &[u8],
-    estimate: u64,
-    messages: u64,
-    window: u64,
-    output: u64,
-) -> Result<(), Deny> {
-    // Every token covers a byte at least, and the estimate is below the
-    // body's length: this bound fits, so the count would.
-    if bound(body.len(), messages, output) <= window {
-        return Ok(());
+impl Counter {
+    /// A value begins at the current depth; `false` when it is skipped.
+    fn value(&mut self, container: bool) -> bool {
+        if self.depth == 2 && self.in_items {
+            self.items += 1;
+        }
+        if self.skip_from.is_some() {
+            return false;
+        }
+        if std::mem::take(&mut self.skip_next) {
+            if container {
+                self.skip_from = Some(self.depth);
+            }
+            return false;
+        }
+        self.field != Field::Other
     }
-    let limit = window.saturating_sub(output);
-    let (prompt, how) = count_prompt_until(endpoint, model, body, estimate, limit);
-    if prompt.saturating_add(output) <= window {
-        return Ok(());
+}
+
+impl crate::tokens::TokenSink for Counter {
+    fn token(&mut self, t: crate::tokens::Token<'_>) {
+        use crate::tokens::Token;
+        match t {
+            Token::ObjectStart | Token::ArrayStart => {
+                self.value(true);
+                if self.depth == 0 {
+                    self.object = t == Token::ObjectStart;
+                }
+                if self.depth == 1 {
+                    self.in_items = self.field == Field::Items && t == Token::ArrayStart;
+                }
+                self.depth += 1;
+            }
+            Token::ObjectEnd | Token::ArrayEnd => {
+                self.depth = self.depth.saturating_sub(1);
+                if self.skip_from == Some(self.depth) {
+                    self.skip_from = None;
+                }
+            }
+            Token::Key(k) if self.depth == 1 => {
+                self.field = match k {
+                    "messages" | "input" => Field::Items,
+                    _ if PROMPT_FIELDS.contains(&k) => Field::Prompt,
+                    _ => Field::Other,
+                };
+            }
+            Token::Key(k) => {
+                if self.skip_from.is_none() && skipped(k) {
+                    self.skip_next = true;
+                }
+            }
+            Token::Str(text) => {
+                if self.value(false) && self.text <= self.limit {
+                    let n = count_text(self.bpe, text, self.limit - self.text);
+                    self.text = self.text.saturating_add(n);
+                }
+            }
+            Token::U64(_) | Token::I64(_) | Token::F64(_) | Token::Bool(_) | Token::Null => {
+                self.value(false);
+            }
+        }
     }
-    Err(Deny::new(
-        DenyCode::ContextWindowExceeded,
-        format!(
-            "the prompt ({prompt} tokens, {}) plus the output limit ({output} tokens) is {} tokens: \
-             more than `{}`'s context window of {window} tokens",
-            how.as_str(),
-            prompt.saturating_add(output),
-            crate::clip(model, 200),
-        ),
-    )
-    .never_retryable())
+}
+
+/// The context guard for one call, against the window of the model it is
+/// sent (`model`).
+#[derive(Debug, Clone, Copy)]
+pub struct ContextCheck<'a> {
+    pub endpoint: Endpoint,
+    pub model: &'a str,
+    /// The model's context window, in tokens.
+    pub window: u64,
+    /// The call's output limit per completion (its `max_tokens`, the
+    /// agent's inserted limit, or the default output).
+    pub output: u64,
+    /// The body's length-based estimate and its message count.
+    pub estimate: u64,
+    pub messages: u64,
+    /// The watchdog's lowest context-occupancy threshold (a share of the
+    /// window), when it watches the call: the prompt's share is measured
+    /// once it may reach it.
+    pub watch: Option<f64>,
+}
+
+impl ContextCheck<'_> {
+    /// Refuses a prompt plus output past the window; else the share of the
+    /// window the prompt fills, when it may reach [`ContextCheck::watch`]
+    /// (`None`: below it, or not watched). Counts only when the cheap
+    /// bound does not already answer both.
+    pub fn check(&self, body: &[u8]) -> Result<Option<f64>, Deny> {
+        // Every token covers a byte at least, and the estimate is below
+        // the body's length: within this bound, so is the count.
+        let prompt_bound = (body.len() as u64)
+            .saturating_add(self.messages.saturating_mul(PER_MESSAGE) + REPLY_PRIMING);
+        let watched = |prompt: u64| {
+            self.watch
+                .filter(|w| prompt as f64 >= w * self.window as f64)
+                .map(|_| prompt as f64 / self.window as f64)
+        };
+        if prompt_bound.saturating_add(self.output) <= self.window
+            && watched(prompt_bound).is_none()
+        {
+            return Ok(None);
+        }
+        // Past the window less the output it is refused, so the count
+        // stops there: a prompt of megabytes costs about a window's worth
+        // of tokenizing.
+        let limit = self.window.saturating_sub(self.output);
+        let (prompt, how) =
+            count_prompt_until(self.endpoint, self.model, body, self.estimate, limit);
+        if prompt.saturating_add(self.output) <= self.window {
+            return Ok(watched(prompt));
+        }
+        Err(Deny::new(
+            DenyCode::ContextWindowExceeded,
+            format!(
+                "the prompt ({prompt} tokens, {}) plus the output limit ({} tokens) is {} tokens: \
+                 more than `{}`'s context window of {} tokens",
+                how.as_str(),
+                self.output,
+                prompt.saturating_add(self.output),
+                crate::clip(self.model, 200),
+                self.window,
+            ),
+        )
+        .never_retryable())
+    }
 }
 
 #[cfg(test)]
@@ -304,26 +387,22 @@ mod tests {
         let body = chat(&"lorem ipsum dolor sit amet ".repeat(200));
         let (n, _) = count_prompt(Endpoint::ChatCompletions, "gpt-4o", &body, 1);
         assert!(n > 1000 && n < 1300, "{n}");
-        let fits = check_context(
-            Endpoint::ChatCompletions,
-            "gpt-4o",
-            &body,
-            1,
-            2,
-            n + 100,
-            100,
-        );
-        assert!(fits.is_ok());
-        let d = check_context(
-            Endpoint::ChatCompletions,
-            "gpt-4o",
-            &body,
-            1,
-            2,
-            n + 99,
-            100,
-        )
-        .unwrap_err();
+        let guard = |window, watch| ContextCheck {
+            endpoint: Endpoint::ChatCompletions,
+            model: "gpt-4o",
+            window,
+            output: 100,
+            estimate: 1,
+            messages: 2,
+            watch,
+        };
+        assert_eq!(guard(n + 100, None).check(&body), Ok(None));
+        // Watched: the share is measured once the prompt may reach it.
+        let share = n as f64 / (n + 100) as f64;
+        assert_eq!(guard(n + 100, Some(0.8)).check(&body), Ok(Some(share)));
+        assert_eq!(guard(n + 100, Some(0.99)).check(&body), Ok(None));
+        assert_eq!(guard(1_000_000, Some(0.8)).check(&body), Ok(None));
+        let d = guard(n + 99, Some(0.8)).check(&body).unwrap_err();
         assert_eq!(d.code, DenyCode::ContextWindowExceeded);
         assert!(
             d.message.contains(&format!("({n} tokens, counted)")),
@@ -336,12 +415,77 @@ mod tests {
             d.message
         );
         // Estimated families: the estimate decides.
-        let d = check_context(Endpoint::Messages, "claude-x", &body, 5000, 2, 5000, 1).unwrap_err();
+        let d = ContextCheck {
+            endpoint: Endpoint::Messages,
+            model: "claude-x",
+            window: 5000,
+            output: 1,
+            estimate: 5000,
+            messages: 2,
+            watch: None,
+        }
+        .check(&body)
+        .unwrap_err();
         assert!(
             d.message.contains("(5000 tokens, estimated)"),
             "{}",
             d.message
         );
+    }
+
+    /// The count as a walk of a `serde_json::Value` tree gives it (what
+    /// the token reader replaced).
+    fn count_from_tree(body: &[u8]) -> u64 {
+        use serde_json::Value;
+        fn texts(v: &Value, bpe: &CoreBPE, n: &mut u64) {
+            match v {
+                Value::String(s) => *n += bpe.encode_ordinary(s).len() as u64,
+                Value::Array(a) => a.iter().for_each(|x| texts(x, bpe, n)),
+                Value::Object(o) => o
+                    .iter()
+                    .filter(|(k, _)| !skipped(k))
+                    .for_each(|(_, x)| texts(x, bpe, n)),
+                _ => {}
+            }
+        }
+        let bpe = tiktoken_rs::o200k_base_singleton();
+        let doc: serde_json::Map<String, Value> = serde_json::from_slice(body).unwrap();
+        let (mut n, mut items) = (0, 0);
+        for f in PROMPT_FIELDS {
+            if let Some(v) = doc.get(f) {
+                if let (true, Value::Array(a)) = (matches!(f, "messages" | "input"), v) {
+                    items += a.len() as u64;
+                }
+                texts(v, bpe, &mut n);
+            }
+        }
+        n + items * PER_MESSAGE + REPLY_PRIMING
+    }
+
+    #[test]
+    fn the_token_reader_counts_what_a_tree_walk_counts() {
+        let bodies = [
+            serde_json::json!({"model": "gpt-4o", "messages": [
+                {"role": "user", "content": "hi there", "id": "msg_1", "type": "x"},
+                {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "f", "arguments": "{\"a\": [1, 2, \"three\"]}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}]}],
+                "tools": [{"type": "function", "function": {"name": "f", "description": "does f",
+                    "parameters": {"type": "object", "properties": {"a": {"type": "array"}}}}}],
+                "metadata": {"note": "not prompt"}, "temperature": 0.2}),
+            serde_json::json!({"model": "gpt-4o", "input": "one string input", "instructions": "be brief"}),
+            serde_json::json!({"model": "gpt-4o", "input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": {"url": "data:x", "detail": "low"}},
+                {"type": "input_text", "text": "what is this"}]}, "plain"], "system": ["a", {"data": {"deep": ["x"]}}]}),
+            serde_json::json!({"model": "gpt-4o", "prompt": ["a b c", "d e f"], "functions": [{"name": "g"}],
+                "messages": {"not": "an array"}}),
+        ];
+        for b in bodies {
+            let body = serde_json::to_vec(&b).unwrap();
+            let (n, how) = count_prompt(Endpoint::ChatCompletions, "gpt-4o", &body, 1);
+            assert_eq!(how, Counted::Tokenizer);
+            assert_eq!(n, count_from_tree(&body), "{b}");
+        }
     }
 
     #[test]

@@ -2,11 +2,12 @@
 //! order (see the crate docs), with enforce and dry-run modes.
 
 use crate::body::{BodyFacts, ToolKind};
-use crate::decision::{Deny, DenyCode};
+use crate::decision::{BudgetDetail, BudgetLevel, Deny, DenyCode};
 use crate::endpoint::Endpoint;
 use crate::output::OutputLimit;
 use crate::pattern::PatternList;
 use crate::phrases::PhraseMatcher;
+use crate::price::{fmt_usd, Price};
 use crate::store::{AdmitOutcome, Lease, Refusal, SlotTake, StateStore, WindowTake};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -29,8 +30,10 @@ pub struct Limits {
     pub max_in_flight: Option<u64>,
 }
 
-/// Token budgets. A request reserves its estimated prompt plus `max_tokens`
-/// (or `default_max_tokens`) from each, and settles on the reported usage.
+/// Token and money budgets. A model call reserves its estimated prompt
+/// plus `max_tokens` (or `default_max_tokens`) from each token budget, and
+/// what that costs at the model's price from each money budget; both
+/// settle on the reported usage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Budgets {
     /// Tokens one task (`x-agent-task-id`) may use in all.
@@ -40,6 +43,12 @@ pub struct Budgets {
     /// Tokens the agent may use in any 24 hours.
     pub daily_tokens: Option<u64>,
     pub default_max_tokens: u64,
+    /// Micro-dollars one task may spend in all (`task_usd`).
+    pub task_usd: Option<u64>,
+    /// Micro-dollars the agent may spend in any 24 hours (`daily_usd`).
+    pub daily_usd: Option<u64>,
+    /// Micro-dollars the agent may spend in any 30 days (`monthly_usd`).
+    pub monthly_usd: Option<u64>,
 }
 
 impl Default for Budgets {
@@ -49,8 +58,51 @@ impl Default for Budgets {
             task_ttl: Duration::from_secs(24 * 3600),
             daily_tokens: None,
             default_max_tokens: 1024,
+            task_usd: None,
+            daily_usd: None,
+            monthly_usd: None,
         }
     }
+}
+
+/// A team: agents sharing money budgets (`teams:`; an agent is in at most
+/// one). Its windows are one pair of store keys whichever agent spends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Team {
+    pub name: Arc<str>,
+    /// Micro-dollars in any 24 hours.
+    pub daily_usd: Option<u64>,
+    /// Micro-dollars in any 30 days.
+    pub monthly_usd: Option<u64>,
+    /// `@<team>:usd:day`: `@` is in no agent name, so no agent key is a
+    /// team's.
+    pub day_key: Arc<str>,
+    pub month_key: Arc<str>,
+}
+
+impl Team {
+    pub fn new(name: &str, daily_usd: Option<u64>, monthly_usd: Option<u64>) -> Team {
+        Team {
+            name: Arc::from(name),
+            daily_usd,
+            monthly_usd,
+            day_key: Arc::from(format!("@{name}:usd:day")),
+            month_key: Arc::from(format!("@{name}:usd:month")),
+        }
+    }
+}
+
+/// What a model call asks of the money budgets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoneyAsk {
+    /// Micro-dollars reserved: the prompt estimate at the input price plus
+    /// the output limit at the output price.
+    pub reserve: u64,
+    /// The prompt estimate's part of it.
+    pub prompt: u64,
+    /// The price reserved at (the output price turns money room into the
+    /// output tokens a stream may still produce).
+    pub price: Price,
 }
 
 /// What one request asks of the limits.
@@ -62,6 +114,8 @@ pub struct LimitRequest<'a> {
     pub task: Option<&'a str>,
     /// Further windows taken in the same atomic call (an MCP tool's call rate).
     pub extra: &'a [WindowTake],
+    /// A model call under a money budget: what it reserves.
+    pub money: Option<MoneyAsk>,
 }
 
 /// What an admitted request holds on its limits.
@@ -70,11 +124,21 @@ pub struct LimitsTaken {
     pub lease: Lease,
     /// Windows whose reservation is replaced by the reported usage.
     pub settle_keys: Vec<Arc<str>>,
+    /// Money windows, whose reservation is replaced by the reported
+    /// usage's cost in micro-dollars.
+    pub money_keys: Vec<Arc<str>>,
     /// Output tokens this request may still produce under its budgets (its
     /// own reservation plus what the budgets have left); `None` without budgets.
     pub budget_room: Option<u64>,
-    /// Share of the task budget used, after this reservation.
+    /// Output tokens the money budgets still pay for at the output price
+    /// (this call's reservation plus what they have left, less the prompt
+    /// estimate); `None` without money budgets or with free output.
+    pub money_room: Option<u64>,
+    /// Share of the task budget used, after this reservation (the larger
+    /// of the token and the money task budget's).
     pub task_budget_used: Option<f64>,
+    /// Each money budget's share used, after this reservation.
+    pub money_used: Vec<(BudgetLevel, f64)>,
 }
 
 impl LimitsTaken {
@@ -83,13 +147,29 @@ impl LimitsTaken {
         LimitsTaken {
             lease: Lease::empty(),
             settle_keys: Vec::new(),
+            money_keys: Vec::new(),
             budget_room: None,
+            money_room: None,
             task_budget_used: None,
+            money_used: Vec::new(),
         }
     }
 }
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
+/// A month of money budgets: a sliding 30 days.
+pub const MONTH: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// What a window of [`AgentRules::limit_takes`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WindowKind {
+    Rate,
+    /// A token budget; `true` for the task's.
+    Tokens(bool),
+    Money(BudgetLevel),
+    /// The caller's extra windows (MCP tool call rates).
+    Extra,
+}
 
 /// Everything admission checks for one agent (global defaults already
 /// merged with the agent's overrides).
@@ -111,6 +191,8 @@ pub struct AgentRules {
     pub phrases: Option<Arc<PhraseMatcher>>,
     pub limits: Limits,
     pub budgets: Budgets,
+    /// The team whose money budgets the agent also spends from.
+    pub team: Option<Arc<Team>>,
     pub mode: Mode,
     /// Rules in dry-run while `mode` is enforce.
     pub dry_run: HashSet<DenyCode>,
@@ -127,6 +209,12 @@ pub struct AgentKeys {
     tpm: Arc<str>,
     day: Arc<str>,
     inflight: Arc<str>,
+    /// `{agent}:budget:task:`, followed by the task id.
+    task: Arc<str>,
+    pub usd_day: Arc<str>,
+    pub usd_month: Arc<str>,
+    /// `{agent}:usd:task:`, followed by the task id.
+    usd_task: Arc<str>,
 }
 
 impl AgentKeys {
@@ -137,7 +225,16 @@ impl AgentKeys {
             tpm: key(":tpm"),
             day: key(":budget:day"),
             inflight: key(":inflight"),
+            task: key(":budget:task:"),
+            usd_day: key(":usd:day"),
+            usd_month: key(":usd:month"),
+            usd_task: key(":usd:task:"),
         }
+    }
+
+    /// The money budget key of task `task`.
+    pub fn usd_task(&self, task: &str) -> Arc<str> {
+        Arc::from(format!("{}{task}", self.usd_task))
     }
 }
 
@@ -206,6 +303,7 @@ impl AgentRules {
             phrases: None,
             limits: Limits::default(),
             budgets: Budgets::default(),
+            team: None,
             mode: Mode::Enforce,
             dry_run: HashSet::new(),
             keys: AgentKeys::new(name),
@@ -375,6 +473,12 @@ impl AgentRules {
                 verdict.judge(self, Some(d))?;
             }
         }
+        if let (None, Some(limit), Some(money)) = (req.task, self.budgets.task_usd, req.money) {
+            if money.reserve > limit {
+                let d = money_deny(BudgetLevel::Task, limit, money.reserve, None);
+                verdict.judge(self, Some(d))?;
+            }
+        }
         let (windows, slots) = self.limit_takes(req);
         if windows.is_empty() && slots.is_empty() {
             return Ok(LimitsTaken::none());
@@ -392,24 +496,49 @@ impl AgentRules {
                 }
                 let out = reserve - req.estimated_prompt;
                 let mut room: Option<u64> = None;
-                let mut task_used = None;
+                let mut money_left: Option<u64> = None;
+                let mut task_used: Option<f64> = None;
+                let mut settle_keys = Vec::with_capacity(windows.len());
+                let mut money_keys = Vec::new();
+                let mut money_used = Vec::new();
                 for (w, left) in windows.iter().zip(&remaining) {
-                    if w.key.contains(":budget:") {
-                        room = Some(room.map_or(*left, |r: u64| r.min(*left)));
-                        if w.key.contains(":budget:task:") {
-                            task_used = Some((w.limit - left) as f64 / w.limit as f64);
+                    let used = || w.limit.saturating_sub(*left) as f64 / w.limit.max(1) as f64;
+                    match self.window_kind(&w.key) {
+                        WindowKind::Rate if w.key == self.keys.rpm => {}
+                        WindowKind::Rate | WindowKind::Extra => settle_keys.push(w.key.clone()),
+                        WindowKind::Tokens(task) => {
+                            settle_keys.push(w.key.clone());
+                            room = Some(room.map_or(*left, |r: u64| r.min(*left)));
+                            if task {
+                                task_used = Some(task_used.map_or(used(), |u| u.max(used())));
+                            }
+                        }
+                        WindowKind::Money(level) => {
+                            money_keys.push(w.key.clone());
+                            money_used.push((level, used()));
+                            money_left = Some(money_left.map_or(*left, |r: u64| r.min(*left)));
+                            if level == BudgetLevel::Task {
+                                task_used = Some(task_used.map_or(used(), |u| u.max(used())));
+                            }
                         }
                     }
                 }
+                // What the call may spend: its own reservation plus what
+                // is left; the prompt is paid first, the rest buys output.
+                let money_room = match (money_left, req.money) {
+                    (Some(left), Some(m)) => m
+                        .price
+                        .output_tokens_for((left + m.reserve).saturating_sub(m.prompt)),
+                    _ => None,
+                };
                 Ok(LimitsTaken {
-                    settle_keys: windows
-                        .iter()
-                        .filter(|w| w.key != self.keys.rpm)
-                        .map(|w| w.key.clone())
-                        .collect(),
+                    settle_keys,
+                    money_keys,
                     lease,
                     budget_room: room.map(|r| r + out),
+                    money_room,
                     task_budget_used: task_used,
+                    money_used,
                 })
             }
             Ok(AdmitOutcome::Refused(r)) => Err(self.refusal_deny(&r, &windows, &slots)),
@@ -424,8 +553,8 @@ impl AgentRules {
     pub fn limit_takes(&self, req: &LimitRequest<'_>) -> (Vec<WindowTake>, Vec<SlotTake>) {
         let estimated_tokens = req.estimated_prompt;
         let reserve = estimated_tokens + req.max_tokens.unwrap_or(self.budgets.default_max_tokens);
-        // At most four of ours, plus the tool limits the caller adds.
-        let mut windows = Vec::with_capacity(4 + req.extra.len());
+        // At most nine of ours, plus the tool limits the caller adds.
+        let mut windows = Vec::with_capacity(9 + req.extra.len());
         if let Some(limit) = self.limits.requests_per_minute {
             windows.push(WindowTake {
                 key: self.keys.rpm.clone(),
@@ -463,6 +592,39 @@ impl AgentRules {
                 enforce: budget_enforced,
             });
         }
+        if let Some(money) = req.money {
+            let team = self.team.as_deref();
+            let task_key = req.task.map(|t| self.keys.usd_task(t));
+            for (limit, key, window) in [
+                (self.budgets.daily_usd, Some(self.keys.usd_day.clone()), DAY),
+                (
+                    self.budgets.monthly_usd,
+                    Some(self.keys.usd_month.clone()),
+                    MONTH,
+                ),
+                (self.budgets.task_usd, task_key, self.budgets.task_ttl),
+                (
+                    team.and_then(|t| t.daily_usd),
+                    team.map(|t| t.day_key.clone()),
+                    DAY,
+                ),
+                (
+                    team.and_then(|t| t.monthly_usd),
+                    team.map(|t| t.month_key.clone()),
+                    MONTH,
+                ),
+            ] {
+                if let (Some(limit), Some(key)) = (limit, key) {
+                    windows.push(WindowTake {
+                        key,
+                        limit,
+                        window,
+                        cost: money.reserve,
+                        enforce: budget_enforced,
+                    });
+                }
+            }
+        }
         windows.extend_from_slice(req.extra);
         let slots = self
             .limits
@@ -484,10 +646,22 @@ impl AgentRules {
         windows: &[WindowTake],
         slots: &[SlotTake],
     ) -> Deny {
+        let kind = match refusal {
+            Refusal::Window { index, .. } => windows.get(*index).map(|w| self.window_kind(&w.key)),
+            Refusal::Slot { .. } => None,
+        };
+        if let (Refusal::Window { index, retry_after }, Some(WindowKind::Money(level))) =
+            (refusal, kind)
+        {
+            let w = &windows[*index];
+            return money_deny(level, w.limit, w.cost, *retry_after);
+        }
         match refusal {
-            Refusal::Window { index, retry_after } if windows[*index].key.contains(":budget:") => {
+            Refusal::Window { index, retry_after }
+                if matches!(kind, Some(WindowKind::Tokens(_))) =>
+            {
                 let w = &windows[*index];
-                let daily = w.key.ends_with(":budget:day");
+                let daily = w.key == self.keys.day;
                 let scope = if daily { "daily" } else { "task" };
                 let d = Deny::new(
                     DenyCode::BudgetExceeded,
@@ -555,6 +729,70 @@ impl AgentRules {
     }
 }
 
+impl AgentRules {
+    /// Whether any money budget applies to this agent's model calls.
+    pub fn money_budgeted(&self) -> bool {
+        let b = &self.budgets;
+        b.task_usd.is_some()
+            || b.daily_usd.is_some()
+            || b.monthly_usd.is_some()
+            || self
+                .team
+                .as_ref()
+                .is_some_and(|t| t.daily_usd.is_some() || t.monthly_usd.is_some())
+    }
+
+    /// What the window `key` of [`Self::limit_takes`] is, by the agent's
+    /// own keys (never by searching the key: a task id is the agent's text).
+    fn window_kind(&self, key: &str) -> WindowKind {
+        let k = &self.keys;
+        let team = self.team.as_deref();
+        if key == &*k.rpm || key == &*k.tpm {
+            WindowKind::Rate
+        } else if key == &*k.day {
+            WindowKind::Tokens(false)
+        } else if key == &*k.usd_day {
+            WindowKind::Money(BudgetLevel::AgentDay)
+        } else if key == &*k.usd_month {
+            WindowKind::Money(BudgetLevel::AgentMonth)
+        } else if team.is_some_and(|t| key == &*t.day_key) {
+            WindowKind::Money(BudgetLevel::TeamDay)
+        } else if team.is_some_and(|t| key == &*t.month_key) {
+            WindowKind::Money(BudgetLevel::TeamMonth)
+        } else if key.starts_with(&*k.usd_task) {
+            WindowKind::Money(BudgetLevel::Task)
+        } else if key.starts_with(&*k.task) {
+            WindowKind::Tokens(true)
+        } else {
+            WindowKind::Extra
+        }
+    }
+}
+
+/// A money budget's refusal: 402 `budget_exceeded` naming the level and
+/// the amounts; with `Retry-After` when the window will free room (a task
+/// budget never does: it is the task's in all).
+fn money_deny(level: BudgetLevel, limit: u64, reserve: u64, retry_after: Option<Duration>) -> Deny {
+    let d = Deny::new(
+        DenyCode::BudgetExceeded,
+        format!(
+            "this request reserves ${}; the {} of ${} cannot fit it",
+            fmt_usd(reserve),
+            level.describe(),
+            fmt_usd(limit)
+        ),
+    )
+    .with_budget(BudgetDetail {
+        level,
+        limit,
+        reserve,
+    });
+    match (level, retry_after) {
+        (BudgetLevel::Task, _) | (_, None) => d.never_retryable(),
+        (_, Some(after)) => d.retry_after(after),
+    }
+}
+
 /// Bounds agent-controlled text echoed in a message.
 fn clip(s: &str) -> &str {
     crate::decision::clip(s, 200)
@@ -564,6 +802,7 @@ fn clip(s: &str) -> &str {
 mod tests {
     use super::*;
     use crate::body::ToolUse;
+    use crate::usage::Usage;
 
     fn rules() -> AgentRules {
         let mut r = AgentRules::new("a", PatternList::parse(&["gpt-4o"]).unwrap(), 1000);
@@ -870,6 +1109,7 @@ mod tests {
         r.dry_run.insert(DenyCode::TooManyInFlight);
         let (w, s) = r.limit_takes(&LimitRequest {
             extra: &[],
+            money: None,
             estimated_prompt: 42,
             max_tokens: None,
             task: None,
@@ -975,6 +1215,7 @@ mod tests {
     fn one() -> LimitRequest<'static> {
         LimitRequest {
             extra: &[],
+            money: None,
             estimated_prompt: 1,
             max_tokens: Some(0),
             task: None,
@@ -994,6 +1235,7 @@ mod tests {
         let mut v = Verdict::default();
         let req = |prompt, max: Option<u64>| LimitRequest {
             extra: &[],
+            money: None,
             estimated_prompt: prompt,
             max_tokens: max,
             task: Some("t1"),
@@ -1065,6 +1307,137 @@ mod tests {
             (d.code, d.retryable, d.retry_after_secs()),
             (DenyCode::BudgetExceeded, true, Some(86_534))
         );
+    }
+
+    #[test]
+    fn money_budgets_reserve_settle_and_name_the_level_that_refused() {
+        // $1 per million in, $10 out: a call of 100 prompt tokens and 100
+        // output reserves 100 + 1000 micro-dollars.
+        let price = Price {
+            input: 1.0,
+            output: 10.0,
+            cache_read: 0.5,
+            cache_write: 1.25,
+        };
+        let ask = |prompt: u64, out: u64| MoneyAsk {
+            reserve: price.reserve_micros(prompt, out),
+            prompt: price.reserve_micros(prompt, 0),
+            price,
+        };
+        let mut r = rules();
+        r.budgets.daily_usd = Some(5_000);
+        r.budgets.monthly_usd = Some(100_000);
+        r.budgets.task_usd = Some(3_000);
+        r.team = Some(Arc::new(Team::new("ops", Some(4_000), None)));
+        assert!(r.money_budgeted());
+        let mut mate = rules();
+        mate.name = "b".into();
+        mate.keys = AgentKeys::new("b");
+        mate.team = r.team.clone();
+        let store = crate::MemoryStore::new();
+        let mut v = Verdict::default();
+        let req = |task, money| LimitRequest {
+            extra: &[],
+            money: Some(money),
+            estimated_prompt: 100,
+            max_tokens: Some(100),
+            task: Some(task),
+        };
+        let t0 = Duration::from_secs(1);
+        let taken =
+            block_on(r.admit_limits(&store, t0, &req("t1", ask(100, 100)), &mut v)).unwrap();
+        assert_eq!(
+            taken.money_keys,
+            [
+                Arc::from("a:usd:day"),
+                Arc::from("a:usd:month"),
+                Arc::from("a:usd:task:t1"),
+                Arc::from("@ops:usd:day")
+            ]
+        );
+        assert!(taken.settle_keys.is_empty(), "no token budgets");
+        // Left after it: task 3000 - 1100 = 1900, the least; plus its own
+        // 1100, less the prompt's 100: 2900 micro-dollars = 290 tokens out.
+        assert_eq!(taken.money_room, Some(290));
+        assert_eq!(taken.task_budget_used, Some(1100.0 / 3000.0));
+        // Settled down to what it cost: 100 in, 20 out = 300.
+        let cost = price.cost_micros(&Usage {
+            input_tokens: 100,
+            output_tokens: 20,
+            ..Usage::default()
+        });
+        assert_eq!(cost, 300);
+        let settle: Vec<(&str, u64)> = taken.money_keys.iter().map(|k| (&**k, cost)).collect();
+        block_on(store.finish(t0, &taken.lease, &settle)).unwrap();
+        // The team's day (4000) is shared: agent b spends 3300 of it.
+        let b = block_on(mate.admit_limits(&store, t0, &req("x", ask(300, 300)), &mut v)).unwrap();
+        assert_eq!(b.money_keys, [Arc::from("@ops:usd:day")]);
+        let d =
+            block_on(r.admit_limits(&store, t0, &req("t2", ask(100, 100)), &mut v)).unwrap_err();
+        assert_eq!((d.code, d.code.status()), (DenyCode::BudgetExceeded, 402));
+        let detail = d.budget.clone().unwrap();
+        assert_eq!(
+            (detail.level, detail.limit, detail.reserve),
+            (BudgetLevel::TeamDay, 4_000, 1_100)
+        );
+        assert!(
+            d.message.contains("team's daily budget of $0.004"),
+            "{}",
+            d.message
+        );
+        // Its room comes back a day after the first slice (144 s) ended.
+        assert_eq!(d.retry_after_secs(), Some(86_400 + 144 - 1));
+        // Settled up: b's answer cost more than it reserved (3300 -> 3700).
+        let settle: Vec<(&str, u64)> = b.money_keys.iter().map(|k| (&**k, 3_700)).collect();
+        block_on(store.finish(t0, &b.lease, &settle)).unwrap();
+        let d = block_on(mate.admit_limits(&store, t0, &req("y", ask(0, 1)), &mut v)).unwrap_err();
+        assert_eq!(d.budget.unwrap().level, BudgetLevel::TeamDay);
+        // The task budget: never retryable; without a task id, a call is
+        // its own task.
+        r.team = None;
+        let d =
+            block_on(r.admit_limits(&store, t0, &req("t1", ask(2000, 100)), &mut v)).unwrap_err();
+        assert_eq!(d.budget.unwrap().level, BudgetLevel::Task);
+        assert!(!d.retryable && d.retry_after.is_none());
+        let alone = LimitRequest {
+            task: None,
+            ..req("", ask(3000, 100))
+        };
+        let d = block_on(r.admit_limits(&store, t0, &alone, &mut v)).unwrap_err();
+        assert_eq!(d.budget.unwrap().level, BudgetLevel::Task);
+        // The agent's day: 300 spent, 5000 in all; 4710 more does not fit.
+        r.budgets.task_usd = None;
+        let d = block_on(r.admit_limits(&store, t0, &req("t3", ask(0, 471)), &mut v)).unwrap_err();
+        assert_eq!(d.budget.unwrap().level, BudgetLevel::AgentDay);
+        assert!(d.retryable && d.retry_after.is_some());
+        // Dry-run: reported, taken.
+        r.dry_run.insert(DenyCode::BudgetExceeded);
+        let mut v = Verdict::default();
+        block_on(r.admit_limits(&store, t0, &req("t3", ask(0, 471)), &mut v)).unwrap();
+        assert_eq!(v.would_deny.unwrap().code, DenyCode::BudgetExceeded);
+        // No money asked (a tool call): no money windows.
+        let (w, _) = r.limit_takes(&LimitRequest {
+            money: None,
+            ..req("t", ask(1, 1))
+        });
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn a_task_id_that_looks_like_another_key_is_still_its_task() {
+        let mut r = rules();
+        r.budgets.task_usd = Some(10);
+        r.budgets.task_tokens = Some(10);
+        assert_eq!(
+            r.window_kind("a:usd:task:x:budget:day"),
+            WindowKind::Money(BudgetLevel::Task)
+        );
+        assert_eq!(
+            r.window_kind("a:budget:task:a:usd:day"),
+            WindowKind::Tokens(true)
+        );
+        assert_eq!(r.window_kind("a:budget:day"), WindowKind::Tokens(false));
+        assert_eq!(r.window_kind("a:mcp:fs:read"), WindowKind::Extra);
     }
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {

@@ -14,6 +14,8 @@ pub struct Thresholds {
     pub steps: Option<u64>,
     pub latency_ms: Option<f64>,
     pub budget_used: Option<f64>,
+    /// Share of the model's context window the call's prompt fills.
+    pub context_share: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +31,8 @@ pub struct WatchdogConfig {
     pub red: Thresholds,
     pub action: RedAction,
     pub idle_ttl: Duration,
+    /// Spend prediction against the task's money budget, when configured.
+    pub predict: Option<crate::predict::Forecast>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +50,9 @@ pub struct Reading {
     pub steps: u64,
     pub latency_ema_ms: Option<f64>,
     pub budget_used: Option<f64>,
+    /// The share of its model's context window this call's prompt fills,
+    /// when it was measured.
+    pub context_share: Option<f64>,
     /// Which threshold set the level (for logs), e.g. `steps >= 100`.
     pub reason: Option<String>,
 }
@@ -130,8 +137,16 @@ impl TaskState {
 
     /// Counts one call at `now` and judges it. `used`: the share of the
     /// task budget used as of this admission, recorded first for a task
-    /// already watched (a new or idle task starts without it).
-    pub fn step(&mut self, cfg: &WatchdogConfig, now: Duration, used: Option<f64>) -> Reading {
+    /// already watched (a new or idle task starts without it). `context`:
+    /// the share of its model's context window this call's prompt fills
+    /// (a fact of the call, not kept).
+    pub fn step(
+        &mut self,
+        cfg: &WatchdogConfig,
+        now: Duration,
+        used: Option<f64>,
+        context: Option<f64>,
+    ) -> Reading {
         let idle = now.saturating_sub(self.last_seen) >= cfg.idle_ttl;
         if self.steps > 0 && idle {
             *self = TaskState::default();
@@ -141,16 +156,14 @@ impl TaskState {
         self.last_seen = now;
         let calls = self.calls.add(now);
         self.steps += 1;
-        let (red, yellow) = (
-            reached(&cfg.red, calls, self.steps, self.ema_ms, self.budget_used),
-            reached(
-                &cfg.yellow,
-                calls,
-                self.steps,
-                self.ema_ms,
-                self.budget_used,
-            ),
-        );
+        let seen = Seen {
+            calls,
+            steps: self.steps,
+            ema: self.ema_ms,
+            used: self.budget_used,
+            context,
+        };
+        let (red, yellow) = (seen.reached(&cfg.red), seen.reached(&cfg.yellow));
         let (level, reason) = match (red, yellow) {
             (Some(r), _) => (Level::Red, Some(r)),
             (None, Some(y)) => (Level::Yellow, Some(y)),
@@ -162,6 +175,7 @@ impl TaskState {
             steps: self.steps,
             latency_ema_ms: self.ema_ms,
             budget_used: self.budget_used,
+            context_share: context,
             reason,
         }
     }
@@ -221,34 +235,40 @@ impl TaskState {
     }
 }
 
-fn reached(
-    t: &Thresholds,
+/// What one step of a task measured, against each level's thresholds.
+struct Seen {
     calls: u32,
     steps: u64,
     ema: Option<f64>,
     used: Option<f64>,
-) -> Option<String> {
-    if let Some(c) = t.calls_per_minute.filter(|c| calls >= *c) {
-        return Some(format!("calls per minute {calls} >= {c}"));
-    }
-    if let Some(s) = t.steps.filter(|s| steps >= *s) {
-        return Some(format!("steps {steps} >= {s}"));
-    }
-    if let (Some(l), Some(e)) = (t.latency_ms, ema) {
-        if e >= l {
-            return Some(format!("latency EMA {e:.0} ms >= {l:.0} ms"));
+    context: Option<f64>,
+}
+
+impl Seen {
+    /// The first threshold of `t` reached, as the reason to log.
+    fn reached(&self, t: &Thresholds) -> Option<String> {
+        let calls = self.calls;
+        if let Some(c) = t.calls_per_minute.filter(|c| calls >= *c) {
+            return Some(format!("calls per minute {calls} >= {c}"));
         }
-    }
-    if let (Some(b), Some(u)) = (t.budget_used, used) {
-        if u >= b {
-            return Some(format!(
-                "budget used {:.0}% >= {:.0}%",
-                u * 100.0,
-                b * 100.0
-            ));
+        let steps = self.steps;
+        if let Some(s) = t.steps.filter(|s| steps >= *s) {
+            return Some(format!("steps {steps} >= {s}"));
         }
+        if let (Some(l), Some(e)) = (t.latency_ms, self.ema) {
+            if e >= l {
+                return Some(format!("latency EMA {e:.0} ms >= {l:.0} ms"));
+            }
+        }
+        let share = |what: &str, at: Option<f64>, seen: Option<f64>| match (at, seen) {
+            (Some(at), Some(seen)) if seen >= at => {
+                Some(format!("{what} {:.0}% >= {:.0}%", seen * 100.0, at * 100.0))
+            }
+            _ => None,
+        };
+        share("budget used", t.budget_used, self.used)
+            .or_else(|| share("context window used", t.context_share, self.context))
     }
-    None
 }
 
 #[cfg(test)]
@@ -268,15 +288,18 @@ mod tests {
                 steps: Some(10),
                 latency_ms: Some(500.0),
                 budget_used: Some(0.5),
+                context_share: Some(0.8),
             },
             red: Thresholds {
                 calls_per_minute: Some(5),
                 steps: Some(20),
                 budget_used: Some(0.9),
+                context_share: Some(0.95),
                 ..Thresholds::default()
             },
             action: RedAction::Stop,
             idle_ttl: 3600 * S,
+            predict: None,
         }
     }
 
@@ -308,7 +331,7 @@ mod tests {
             clock.set(now);
             let step = |task: Option<TaskState>, now| {
                 let mut task = task.unwrap_or_default();
-                let reading = task.step(cfg, now, None);
+                let reading = task.step(cfg, now, None, None);
                 (Some(task.encode()), reading)
             };
             let key = format!("watch:{key}");
@@ -331,7 +354,9 @@ mod tests {
     #[test]
     fn calls_per_minute_walk_through_the_levels_and_age_out() {
         let mut t = TaskState::default();
-        let levels: Vec<Level> = (0..5).map(|_| t.step(&cfg(), S, None).level).collect();
+        let levels: Vec<Level> = (0..5)
+            .map(|_| t.step(&cfg(), S, None, None).level)
+            .collect();
         assert_eq!(
             levels,
             [
@@ -342,7 +367,7 @@ mod tests {
                 Level::Red
             ]
         );
-        let r = t.step(&cfg(), 62 * S, None);
+        let r = t.step(&cfg(), 62 * S, None, None);
         assert_eq!(
             (r.level, r.calls_last_minute, r.steps),
             (Level::Green, 1, 6)
@@ -353,21 +378,21 @@ mod tests {
     fn steps_latency_and_budget_count_too() {
         let mut t = TaskState::default();
         for i in 0..9 {
-            assert_eq!(t.step(&cfg(), S * 60 * i, None).level, Level::Green);
+            assert_eq!(t.step(&cfg(), S * 60 * i, None, None).level, Level::Green);
         }
         assert_eq!(
-            t.step(&cfg(), 600 * S, None).level,
+            t.step(&cfg(), 600 * S, None, None).level,
             Level::Yellow,
             "10 steps"
         );
         let mut u = TaskState::default();
-        u.step(&cfg(), S, None);
+        u.step(&cfg(), S, None, None);
         u.latency(Duration::from_millis(100));
         u.latency(Duration::from_millis(1500)); // EMA 100 + 0.3 * 1400 = 520
-        let r = u.step(&cfg(), 100 * S, None);
+        let r = u.step(&cfg(), 100 * S, None, None);
         assert_eq!(r.level, Level::Yellow);
         assert!((r.latency_ema_ms.unwrap() - 520.0).abs() < 1e-9);
-        let r = u.step(&cfg(), 200 * S, Some(0.95));
+        let r = u.step(&cfg(), 200 * S, Some(0.95), None);
         assert_eq!(r.level, Level::Red);
         assert_eq!(r.reason.as_deref(), Some("budget used 95% >= 90%"));
     }
@@ -381,7 +406,7 @@ mod tests {
             ..cfg()
         };
         let mut t = TaskState::default();
-        let mut calls = |at| t.step(&cfg, at, None).calls_last_minute;
+        let mut calls = |at| t.step(&cfg, at, None, None).calls_last_minute;
         assert_eq!(calls(ms(1_500)), 1);
         assert_eq!(calls(ms(1_700)), 2);
         assert_eq!(calls(ms(30_000)), 3);
@@ -447,8 +472,12 @@ mod tests {
         w.call("ag/u", &cfg, 150 * S);
         assert_eq!(w.call("ag/u", &cfg, 300 * S).steps, 1);
         let mut t = TaskState::default();
-        t.step(&cfg, S, None);
-        assert_eq!(t.step(&cfg, 200 * S, None).steps, 1, "without the store");
+        t.step(&cfg, S, None, None);
+        assert_eq!(
+            t.step(&cfg, 200 * S, None, None).steps,
+            1,
+            "without the store"
+        );
     }
 
     #[test]
@@ -512,9 +541,9 @@ mod tests {
         for i in 0..30u32 {
             let now = Duration::from_millis(700 * u64::from(i));
             let used = Some(f64::from(i) / 40.0);
-            let a = kept.step(&cfg(), now, used);
+            let a = kept.step(&cfg(), now, used, None);
             let mut t = TaskState::decode(&moved.encode()).unwrap();
-            let b = t.step(&cfg(), now, used);
+            let b = t.step(&cfg(), now, used, None);
             assert_eq!(a, b, "call {i}");
             if i % 3 == 0 {
                 kept.latency(Duration::from_millis(40 * u64::from(i)));
@@ -543,14 +572,30 @@ mod tests {
     #[test]
     fn the_budget_share_counts_from_a_watched_tasks_next_call() {
         let mut t = TaskState::default();
-        let r = t.step(&cfg(), S, Some(0.95));
+        let r = t.step(&cfg(), S, Some(0.95), None);
         assert_eq!((r.level, r.budget_used), (Level::Green, None), "a new task");
-        let r = t.step(&cfg(), 2 * S, Some(0.95));
+        let r = t.step(&cfg(), 2 * S, Some(0.95), None);
         assert_eq!(r.level, Level::Red);
         assert_eq!(r.budget_used, Some(0.95));
         // Idle past the ttl: it starts over, without the share.
-        let r = t.step(&cfg(), 4000 * S, Some(0.95));
+        let r = t.step(&cfg(), 4000 * S, Some(0.95), None);
         assert_eq!((r.level, r.steps, r.budget_used), (Level::Green, 1, None));
+    }
+
+    #[test]
+    fn context_occupancy_warns_then_acts_on_the_call_that_reaches_it() {
+        let mut t = TaskState::default();
+        let r = t.step(&cfg(), S, None, Some(0.5));
+        assert_eq!(r.level, Level::Green);
+        let r = t.step(&cfg(), 2 * S, None, Some(0.8));
+        assert_eq!(r.level, Level::Yellow);
+        assert_eq!(r.reason.as_deref(), Some("context window used 80% >= 80%"));
+        let r = t.step(&cfg(), 3 * S, None, Some(0.97));
+        assert_eq!((r.level, r.context_share), (Level::Red, Some(0.97)));
+        // A fact of the call, not of the task: the next call with a
+        // smaller prompt is green (past the minute its rate counts in).
+        let r = t.step(&cfg(), 100 * S, None, None);
+        assert_eq!((r.level, r.context_share), (Level::Green, None));
     }
 
     #[test]
@@ -604,6 +649,7 @@ mod measure {
             red: Thresholds::default(),
             action: RedAction::Stop,
             idle_ttl: 3600 * s,
+            predict: None,
         };
         let n: usize = std::env::var("NEW_TASKS")
             .ok()
@@ -615,7 +661,7 @@ mod measure {
             clock.set(now);
             let step = |task: Option<TaskState>, now| {
                 let mut task = task.unwrap_or_default();
-                let reading = task.step(&cfg, now, None);
+                let reading = task.step(&cfg, now, None, None);
                 (Some(task.encode()), reading)
             };
             ready(step_record(

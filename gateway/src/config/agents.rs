@@ -9,9 +9,10 @@ use super::runtime::{check_body_limit, check_positive, list, patterns, Errs};
 use super::spec;
 use super::tools::{build_tool_grants, ToolGrant};
 use loopgate_breaker::LoopConfig;
+use loopgate_policy::price::usd_to_micros;
 use loopgate_policy::{
     AgentKeys, AgentRules, Budgets, DenyCode, Endpoint, KeyDigest, KeyIndex, Limits, Mode,
-    PatternList, PhraseMatcher, RedAction, Thresholds, WatchdogConfig,
+    PatternList, PhraseMatcher, RedAction, Team, Thresholds, WatchdogConfig,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -78,6 +79,7 @@ pub(super) fn build_agents(
     defaults: &Defaults<'_>,
     tool_names: &HashSet<String>,
     mcp_servers: &HashMap<String, Arc<McpServer>>,
+    teams: &HashMap<String, Arc<Team>>,
 ) -> Agents {
     let mut out = Agents::default();
     let mut key_owner: HashMap<String, String> = HashMap::new();
@@ -99,9 +101,32 @@ pub(super) fn build_agents(
             }
             out.keys.insert(d, out.agents.len());
         }
-        let rules = build_rules(errs, &at, name, a, defaults);
-        out.guards
-            .push(build_guards(errs, &at, a, defaults.policy, &rules.models));
+        let mut rules = build_rules(errs, &at, name, a, defaults);
+        if let Some(t) = &a.team {
+            match teams.get(t) {
+                Some(team) => rules.team = Some(team.clone()),
+                None => errs.push(
+                    format!("{at}.team"),
+                    format!(
+                        "no team `{t}` under `teams:` (teams: {})",
+                        super::runtime::list(teams.keys())
+                    ),
+                ),
+            }
+        }
+        let guards = build_guards(errs, &at, a, defaults.policy, &rules.models);
+        let predicts = guards
+            .watchdog
+            .as_ref()
+            .is_some_and(|w| w.predict.is_some());
+        if predicts && rules.budgets.task_usd.is_none() {
+            // A prediction is judged against the task's money budget.
+            errs.push(
+                format!("{at}.watchdog.predict"),
+                "needs a task money budget (`budgets.task_usd`) to predict against",
+            );
+        }
+        out.guards.push(guards);
         out.forward_headers.push(build_forward_headers(
             errs,
             &format!("{at}.forward_headers"),
@@ -204,9 +229,55 @@ fn build_rules(
             max_in_flight: a.max_in_flight.or(policy.max_in_flight),
         },
         budgets,
+        team: None,
         mode,
         dry_run,
         keys: AgentKeys::new(name),
+    }
+}
+
+/// `teams:`: money budgets shared by the agents that name the team. A
+/// team name keys its store windows and labels nothing agents send.
+pub(super) fn build_teams(
+    errs: &mut Errs,
+    specs: &BTreeMap<String, spec::TeamSpec>,
+) -> HashMap<String, Arc<Team>> {
+    let mut out = HashMap::new();
+    for (name, t) in specs {
+        let at = format!("teams.{name}");
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        {
+            errs.push(
+                &at,
+                "a team name is 1-64 characters of A-Z, a-z, 0-9, `.`, `_` and `-`",
+            );
+        }
+        let daily = usd(errs, &format!("{at}.daily_usd"), t.daily_usd);
+        let monthly = usd(errs, &format!("{at}.monthly_usd"), t.monthly_usd);
+        if daily.is_none() && monthly.is_none() {
+            errs.push(&at, "a team needs daily_usd or monthly_usd (or both)");
+        }
+        out.insert(name.clone(), Arc::new(Team::new(name, daily, monthly)));
+    }
+    out
+}
+
+/// A budget in US dollars as micro-dollars; a bad one is an error at `at`.
+fn usd(errs: &mut Errs, at: &str, v: Option<f64>) -> Option<u64> {
+    let v = v?;
+    match usd_to_micros(v) {
+        Some(m) if m > 0 => Some(m),
+        _ => {
+            errs.push(
+                at,
+                format!("`{v}` is not a budget: US dollars, more than 0 (at least $0.000001) and at most 1e12"),
+            );
+            None
+        }
     }
 }
 
@@ -293,6 +364,9 @@ fn build_budgets(errs: &mut Errs, at: &str, b: Option<&spec::BudgetsSpec>) -> Bu
         task_ttl: b.task_ttl_ms.map_or(d.task_ttl, Duration::from_millis),
         daily_tokens: b.daily_tokens,
         default_max_tokens: b.default_max_tokens.unwrap_or(d.default_max_tokens),
+        task_usd: usd(errs, &field("task_usd"), b.task_usd),
+        daily_usd: usd(errs, &field("daily_usd"), b.daily_usd),
+        monthly_usd: usd(errs, &field("monthly_usd"), b.monthly_usd),
     }
 }
 
@@ -393,15 +467,27 @@ fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<Loo
     })
 }
 
+/// Steps a spend prediction looks ahead without an expected length.
+const DEFAULT_LOOKAHEAD: u64 = 5;
+
+/// The watchdog's default yellow context occupancy.
+const DEFAULT_CONTEXT_SHARE: f64 = 0.8;
+
 pub(super) fn thresholds(errs: &mut Errs, at: &str, t: &spec::ThresholdsSpec) -> Thresholds {
-    if t.budget_used.is_some_and(|b| !(b > 0.0 && b <= 1.0)) {
-        errs.push(format!("{at}.budget_used"), "must be a share in (0, 1]");
+    for (field, share) in [
+        ("budget_used", t.budget_used),
+        ("context_share", t.context_share),
+    ] {
+        if share.is_some_and(|b| !(b > 0.0 && b <= 1.0)) {
+            errs.push(format!("{at}.{field}"), "must be a share in (0, 1]");
+        }
     }
     Thresholds {
         calls_per_minute: t.calls_per_minute,
         steps: t.steps,
         latency_ms: t.latency_ms,
         budget_used: t.budget_used,
+        context_share: t.context_share,
     }
 }
 
@@ -430,11 +516,33 @@ fn build_watchdog(
             return None;
         }
     };
+    let mut yellow = thresholds(errs, &format!("{at}.watchdog.yellow"), &w.yellow);
+    // A watched task is warned when a prompt fills most of its model's
+    // window, unless told otherwise.
+    yellow.context_share = yellow.context_share.or(Some(DEFAULT_CONTEXT_SHARE));
+    let predict = w.predict.as_ref().map(|p| {
+        for (f, v) in [
+            ("expected_steps", p.expected_steps),
+            ("lookahead_steps", p.lookahead_steps),
+        ] {
+            if v == Some(0) {
+                errs.push(format!("{at}.watchdog.predict.{f}"), "must be at least 1");
+            }
+        }
+        loopgate_policy::predict::Forecast {
+            horizon: loopgate_policy::predict::Horizon {
+                expected_steps: p.expected_steps,
+                lookahead: p.lookahead_steps.unwrap_or(DEFAULT_LOOKAHEAD),
+            },
+            act: p.on_overrun == Some(spec::OnOverrunSpec::Act),
+        }
+    });
     Some(WatchdogConfig {
-        yellow: thresholds(errs, &format!("{at}.watchdog.yellow"), &w.yellow),
+        yellow,
         red: thresholds(errs, &format!("{at}.watchdog.red"), &w.red),
         action,
         idle_ttl: Duration::from_secs(3600),
+        predict,
     })
 }
 

@@ -97,6 +97,15 @@ impl PriceTable {
         self.first(model, |e| e.price.map(|p| (&e.label, p)))
     }
 
+    /// Whether every name starting with `prefix` has a price: a `q*` entry
+    /// with a price, `q` a prefix of `prefix`, covers them all (names more
+    /// specific may have their own, never none).
+    pub fn prices_all_under(&self, prefix: &str) -> bool {
+        self.prefixes
+            .iter()
+            .any(|(q, e)| prefix.starts_with(q.as_str()) && e.price.is_some())
+    }
+
     /// `model`'s context window, and its output maximum when known.
     pub fn window(&self, model: &str) -> Option<(u64, Option<u64>)> {
         // One walk of the entries (this runs on every model call): each

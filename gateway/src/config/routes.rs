@@ -6,7 +6,7 @@ use super::providers::Provider;
 use super::runtime::{list, Errs};
 use super::spec::{self, ProviderKind};
 use loopgate_policy::output::openai_needs_max_completion_tokens;
-use loopgate_policy::{Endpoint, LimitField, NamePattern, TargetOutput, Usage};
+use loopgate_policy::{Endpoint, LimitField, NamePattern, Price, TargetOutput, Usage};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +80,70 @@ impl Route {
             .get(i)
             .and_then(|t| t.model.as_deref())
             .unwrap_or(model)
+    }
+
+    /// The price target `i` charges for `model` (the agent's name): its
+    /// provider's `price:`, else the catalog's for the name it is sent.
+    fn target_price(&self, i: usize, model: &str) -> Option<Price> {
+        let target = self.targets.get(i)?;
+        target.provider.price.or_else(|| {
+            self.models
+                .prices
+                .price(self.sent_model(i, model))
+                .map(|(_, p)| p)
+        })
+    }
+
+    /// The price `served_by` charged for `model` (the agent's name).
+    pub fn price_of(&self, served_by: &str, model: &str) -> Option<Price> {
+        let i = self
+            .targets
+            .iter()
+            .position(|t| &*t.provider.name == served_by)?;
+        self.target_price(i, model)
+    }
+
+    /// What a call for `model` costs at most, whichever target serves it:
+    /// every target's price, field by field the dearest. `Err` names the
+    /// first model (as sent) without a price.
+    pub fn call_price<'a>(&'a self, model: &'a str) -> Result<Price, &'a str> {
+        let mut dearest = Price::default();
+        for i in 0..self.targets.len() {
+            match self.target_price(i, model) {
+                Some(p) => dearest = dearest.max(p),
+                None => return Err(self.sent_model(i, model)),
+            }
+        }
+        Ok(dearest)
+    }
+
+    /// The prices of the targets that have one, the dearest field by field
+    /// (`on_unknown_price: zero`: a target without a price counts 0).
+    pub fn known_price(&self, model: &str) -> Price {
+        (0..self.targets.len())
+            .filter_map(|i| self.target_price(i, model))
+            .fold(Price::default(), Price::max)
+    }
+
+    /// The first model (as sent, or the `prefix*` of names sent) that a
+    /// call for names matching `reach` may go to without a price; `None`
+    /// when every target prices every such name (its provider's `price:`,
+    /// a renamed target's model, or a catalog `prefix*` entry covering all
+    /// the names under a prefix).
+    pub fn unpriced(&self, reach: &NamePattern) -> Option<String> {
+        let prices = &self.models.prices;
+        self.targets.iter().find_map(|t| {
+            if t.provider.price.is_some() {
+                return None;
+            }
+            match (&t.model, reach) {
+                (Some(m), _) => prices.price(m).is_none().then(|| m.clone()),
+                (None, NamePattern::Exact(n)) => prices.price(n).is_none().then(|| n.clone()),
+                (None, NamePattern::Prefix(p)) => {
+                    (!prices.prices_all_under(p)).then(|| reach.as_config())
+                }
+            }
+        })
     }
 
     /// What `usage` cost when `served_by` answered a call for `model` (the
@@ -206,6 +270,41 @@ impl Routes {
             .iter()
             .find(|(p, _, _)| model.starts_with(p.as_str()))
             .map(|(_, label, r)| (label.as_ref(), r))
+    }
+
+    /// The routes calls for names matching `allowed` (an agent's model
+    /// pattern) may take, each with the names that reach it: an exact
+    /// route whose name it allows; a `prefix*` route under an exact name
+    /// it routes (the name), or under an allowed prefix (the longer of the
+    /// two prefixes: an over-approximation where a longer route shadows
+    /// part of it).
+    pub fn reachable(&self, allowed: &NamePattern) -> Vec<(String, NamePattern, &Arc<Route>)> {
+        let mut out = Vec::new();
+        if let NamePattern::Exact(a) = allowed {
+            if let Some((label, r)) = self.find(a) {
+                out.push((label.to_string(), allowed.clone(), r));
+            }
+            return out;
+        }
+        for (name, r) in &self.exact {
+            if allowed.matches(name) {
+                out.push((name.clone(), NamePattern::Exact(name.clone()), r));
+            }
+        }
+        let NamePattern::Prefix(a) = allowed else {
+            return out;
+        };
+        for (p, label, r) in &self.prefixes {
+            let reach = if p.starts_with(a.as_str()) {
+                p
+            } else if a.starts_with(p.as_str()) {
+                a
+            } else {
+                continue;
+            };
+            out.push((label.to_string(), NamePattern::Prefix(reach.clone()), r));
+        }
+        out
     }
 
     /// The model names (and `prefix*` forms) with a route.

@@ -313,6 +313,7 @@ pub fn build(
     );
 
     let defaults = policy_defaults(&mut errs, &spec.policy, max_body_bytes);
+    let teams = super::agents::build_teams(&mut errs, &spec.teams);
     let Agents {
         agents,
         guards,
@@ -326,8 +327,13 @@ pub fn build(
         &defaults,
         &spec_tool_names,
         &mcp_servers,
+        &teams,
     );
 
+    let on_unknown_price = spec.on_unknown_price.unwrap_or_default();
+    if on_unknown_price == super::spec::UnknownPrice::Deny {
+        check_money_prices(&mut errs, &spec.agents, &agents, &routes);
+    }
     if !errs.list.is_empty() {
         return Err(ConfigErrors(errs.list));
     }
@@ -344,7 +350,7 @@ pub fn build(
         access_log,
         providers,
         routes,
-        on_unknown_price: spec.on_unknown_price.unwrap_or_default(),
+        on_unknown_price,
         agents,
         guards,
         forward_headers,
@@ -357,6 +363,50 @@ pub fn build(
         state,
         bounds,
     })
+}
+
+/// With `on_unknown_price: deny`, an agent under a money budget may only
+/// be allowed models that have a price: a budget that cannot be computed
+/// is not a budget, and a call it cannot price would only be refused when
+/// it comes. Wildcards are judged by what they can reach: an agent allowed
+/// `gpt-4o*` (or `*`) reaches every route under it, and a route `foo*`
+/// needs a price for every name under it (a catalog `foo*`-or-shorter
+/// entry or its provider's `price:`), not just for the names it knows.
+fn check_money_prices(
+    errs: &mut Errs,
+    specs: &std::collections::BTreeMap<String, super::spec::AgentSpec>,
+    agents: &[Arc<AgentRules>],
+    routes: &Routes,
+) {
+    for rules in agents.iter().filter(|r| r.money_budgeted()) {
+        let name = &*rules.name;
+        let b = &rules.budgets;
+        let own = specs.get(name).is_some_and(|a| a.budgets.is_some());
+        let field = match (b.task_usd.or(b.daily_usd).or(b.monthly_usd), own) {
+            (Some(_), true) => format!("agents.{name}.budgets"),
+            (Some(_), false) => "policy.budgets".to_string(),
+            (None, _) => format!("agents.{name}.team"),
+        };
+        let mut seen = HashSet::new();
+        for allowed in rules.models.patterns() {
+            for (route, reach, r) in routes.reachable(allowed) {
+                let Some(model) = r.unpriced(&reach) else {
+                    continue;
+                };
+                if seen.insert(model.clone()) {
+                    errs.push(
+                        &field,
+                        format!(
+                            "agent `{name}` spends under a money budget and may call `{}` (route `{route}`), \
+                             but `{model}` has no price and on_unknown_price is deny: give it a price \
+                             (`models.{model}.price` or its provider's `price:`), or set on_unknown_price: zero",
+                            allowed.as_config()
+                        ),
+                    );
+                }
+            }
+        }
+    }
 }
 
 pub(super) fn list<I: IntoIterator<Item = S>, S: AsRef<str>>(items: I) -> String {
@@ -606,6 +656,92 @@ agents:
         ] {
             assert!(e.contains(want), "missing {want:?} in\n{e}");
         }
+    }
+
+    #[test]
+    fn money_budgets_and_teams_are_checked_and_built() {
+        let yaml = format!(
+            "{GOOD}    team: ops\n    budgets: {{ daily_usd: 2.5, monthly_usd: 40, task_usd: 0.25 }}\nteams:\n  ops: {{ daily_usd: 10 }}\n"
+        );
+        let c = build_str(&yaml).unwrap();
+        let a = &c.agents[0];
+        assert_eq!(
+            (
+                a.budgets.daily_usd,
+                a.budgets.monthly_usd,
+                a.budgets.task_usd
+            ),
+            (Some(2_500_000), Some(40_000_000), Some(250_000))
+        );
+        let team = a.team.as_ref().unwrap();
+        assert_eq!(
+            (&*team.name, team.daily_usd, team.monthly_usd),
+            ("ops", Some(10_000_000), None)
+        );
+        let bad = format!(
+            "{GOOD}    team: ghost\n    budgets: {{ daily_usd: -1, monthly_usd: .nan, task_usd: 0 }}\nteams:\n  ops: {{}}\n  \"b c\": {{ monthly_usd: 1e13 }}\n"
+        );
+        let e = build_str(&bad).unwrap_err().join("\n");
+        for want in [
+            "t.yaml: agents.a.budgets.daily_usd: `-1` is not a budget: US dollars, more than 0",
+            "t.yaml: agents.a.budgets.monthly_usd: `NaN` is not a budget",
+            "t.yaml: agents.a.budgets.task_usd: `0` is not a budget",
+            "t.yaml: agents.a.team: no team `ghost` under `teams:` (teams: ",
+            "t.yaml: teams.ops: a team needs daily_usd or monthly_usd (or both)",
+            "t.yaml: teams.b c: a team name is 1-64 characters",
+            "t.yaml: teams.b c.monthly_usd: `10000000000000` is not a budget",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in\n{e}");
+        }
+    }
+
+    #[test]
+    fn a_money_budget_needs_a_price_for_every_model_the_agent_may_call() {
+        let base = r#"
+listen: 127.0.0.1:8080
+providers:
+  oa: { kind: openai_compatible, base_url: "http://127.0.0.1:1" }
+routes:
+  - models: [gpt-4o-mini, mystery]
+    targets: [ { provider: oa } ]
+  - models: ["llama*"]
+    targets: [ { provider: oa } ]
+agents:
+  a:
+    key_sha256: "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    models: ["*"]
+    budgets: { daily_usd: 5 }
+"#;
+        let e = build_str(base).unwrap_err().join("\n");
+        for want in [
+            "t.yaml: agents.a.budgets: agent `a` spends under a money budget and may call `*` (route `mystery`), but `mystery` has no price",
+            "t.yaml: agents.a.budgets: agent `a` spends under a money budget and may call `*` (route `llama*`), but `llama*` has no price and on_unknown_price is deny",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in\n{e}");
+        }
+        assert!(!e.contains("`gpt-4o-mini` has no price"), "{e}");
+        // An exact grant reaches only its own name.
+        let exact = base.replace(r#"models: ["*"]"#, "models: [gpt-4o-mini]");
+        build_str(&exact).unwrap();
+        // Priced: an entry for the name, and one for every name under the prefix.
+        let priced = format!(
+            "{base}models:\n  mystery: {{ price: {{ input: 1, output: 2 }} }}\n  \"ll*\": {{ price: {{ input: 0, output: 0 }} }}\n"
+        );
+        build_str(&priced).unwrap();
+        // An entry for one name under the prefix does not price the rest.
+        let one = format!("{base}models:\n  mystery: {{ price: {{ input: 1, output: 2 }} }}\n  llama3: {{ price: {{ input: 0, output: 0 }} }}\n");
+        assert!(build_str(&one)
+            .unwrap_err()
+            .join("\n")
+            .contains("`llama*` has no price"));
+        // zero: counted as free, accepted.
+        build_str(&format!("{base}on_unknown_price: zero\n")).unwrap();
+        // A team's budget is named where the agent joins it.
+        let team = base
+            .replace("    budgets: { daily_usd: 5 }\n", "    team: t\n")
+            .replace("agents:", "teams:\n  t: { monthly_usd: 10 }\nagents:");
+        let e = build_str(&team).unwrap_err().join("\n");
+        assert!(e.contains("t.yaml: agents.a.team: agent `a` spends"), "{e}");
     }
 
     #[test]

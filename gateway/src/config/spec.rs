@@ -41,6 +41,10 @@ pub struct ConfigSpec {
     pub mcp_servers: BTreeMap<String, McpServerSpec>,
     #[serde(default)]
     pub agents: BTreeMap<String, AgentSpec>,
+    /// Money budgets shared by the agents that name the team
+    /// (`agents.<a>.team`).
+    #[serde(default)]
+    pub teams: BTreeMap<String, TeamSpec>,
     #[serde(default)]
     pub policy: PolicySpec,
     /// Where shared state lives: the embedded memory store (default, one
@@ -602,6 +606,10 @@ pub struct AgentSpec {
     /// `openai-project`, `anthropic-beta`); stripped otherwise.
     #[serde(default)]
     pub forward_headers: Option<Vec<String>>,
+    /// The team (from `teams:`) whose money budgets this agent also
+    /// spends from; at most one.
+    #[serde(default)]
+    pub team: Option<String>,
     // The rest override the same fields of `policy:` for this agent. They
     // are spelled out twice (here and in `PolicySpec`) on purpose: serde's
     // `flatten` does not work with `deny_unknown_fields`, and strictness wins.
@@ -728,6 +736,27 @@ pub struct BudgetsSpec {
     /// Output reserved when a request sets no `max_tokens`. Default 1024.
     #[serde(default)]
     pub default_max_tokens: Option<u64>,
+    /// US dollars one task may spend in all.
+    #[serde(default)]
+    pub task_usd: Option<f64>,
+    /// US dollars the agent may spend in any 24 hours.
+    #[serde(default)]
+    pub daily_usd: Option<f64>,
+    /// US dollars the agent may spend in any 30 days (a sliding month).
+    #[serde(default)]
+    pub monthly_usd: Option<f64>,
+}
+
+/// A team's money budgets (`teams.<name>`), shared by its agents.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamSpec {
+    /// US dollars the team's agents may spend together in any 24 hours.
+    #[serde(default)]
+    pub daily_usd: Option<f64>,
+    /// US dollars in any 30 days.
+    #[serde(default)]
+    pub monthly_usd: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -742,6 +771,10 @@ pub struct ThresholdsSpec {
     /// Share of the task budget, 0..1.
     #[serde(default)]
     pub budget_used: Option<f64>,
+    /// Share of the model's context window a call's prompt fills, 0..1
+    /// (yellow default 0.8, for models whose window the catalog knows).
+    #[serde(default)]
+    pub context_share: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -763,4 +796,32 @@ pub struct WatchdogSpec {
     /// With `action: degrade`: the cheaper model (allowed and routed).
     #[serde(default)]
     pub degrade_to: Option<String>,
+    /// Spend prediction against the task's money budget.
+    #[serde(default)]
+    pub predict: Option<PredictSpec>,
+}
+
+/// Spend prediction: each task's cost per step is fitted as it goes, and
+/// a task predicted to overrun its money budget is warned (or acted on).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictSpec {
+    /// Steps this agent's tasks are expected to take: the spend is
+    /// predicted at that step. Without it, `lookahead_steps` ahead.
+    #[serde(default)]
+    pub expected_steps: Option<u64>,
+    /// Default 5.
+    #[serde(default)]
+    pub lookahead_steps: Option<u64>,
+    /// `warn` (default): a predicted overrun is yellow; `act`: red, the
+    /// watchdog's action (degrade or stop) before the budget is spent.
+    #[serde(default)]
+    pub on_overrun: Option<OnOverrunSpec>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOverrunSpec {
+    Warn,
+    Act,
 }

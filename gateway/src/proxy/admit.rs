@@ -28,6 +28,7 @@ use bytes::{Bytes, BytesMut};
 use loopgate_policy::{Deny, DenyCode, LimitRequest, LimitsTaken, Verdict, WindowTake};
 use pingora_proxy::Session;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Headers an agent may authenticate with, in order of preference. Parsed
 /// names: a lookup or removal by `&str` parses the name on every call.
@@ -70,11 +71,16 @@ pub struct Judged {
     pub max_tokens: u64,
     pub task_budget: bool,
     pub extra: Vec<WindowTake>,
+    /// A model call under a money budget: what it reserves.
+    pub money: Option<loopgate_policy::MoneyAsk>,
     /// The call's fingerprint for the loop guard (`None`: not a guarded
     /// call).
     pub loop_call: Option<loopgate_breaker::Fingerprint>,
     /// Whether the watchdog counts the call.
     pub watched: bool,
+    /// The share of its model's context window the prompt fills, when the
+    /// watchdog may act on it.
+    pub context_share: Option<f64>,
     /// The task's isolation streak for this tool: key, threshold, cool-down.
     pub isolation: Option<(String, u32, std::time::Duration)>,
     /// An idempotency claim taken while judging: forgotten if refused.
@@ -110,6 +116,17 @@ impl Caller<'_> {
     pub fn loop_guard(&self) -> Option<&loopgate_breaker::LoopConfig> {
         self.task?;
         self.cfg.guards[self.agent_idx].loops.as_ref()
+    }
+
+    /// The lowest context occupancy the watchdog acts on, when it watches
+    /// this call (it names a task and the agent has a watchdog).
+    pub fn context_watch(&self) -> Option<f64> {
+        self.task?;
+        let wd = self.cfg.guards[self.agent_idx].watchdog.as_ref()?;
+        match (wd.yellow.context_share, wd.red.context_share) {
+            (Some(y), Some(r)) => Some(y.min(r)),
+            (y, r) => y.or(r),
+        }
     }
 }
 
@@ -188,7 +205,7 @@ pub async fn admit(
     };
     let claim = j.idem_claim.take();
     let steps = shared_steps(env, &caller, &mut j, &mut verdict).await;
-    let (taken, guard, fail_open) = match steps {
+    let (taken, guarded, fail_open) = match steps {
         Ok(v) => v,
         Err(e) => {
             if let Some(key) = &claim {
@@ -200,7 +217,9 @@ pub async fn admit(
     };
     if let Plan::Model(m) = &mut j.plan {
         m.budget_room = taken.budget_room;
+        m.money_room = taken.money_room;
     }
+    let spend_fit = spend_fit(&caller, &j);
     Ok(Admitted::Forward(
         Arc::new(Admission {
             request_id: ctx.request_id.clone(),
@@ -210,7 +229,9 @@ pub async fn admit(
             would_deny: verdict.would_deny.map(|d| d.code),
             task_key: caller.task_key(),
             watch_ttl: cfg.guards[agent_idx].watchdog.as_ref().map(|w| w.idle_ttl),
-            guard,
+            spend_fit,
+            guard: guarded.guard,
+            predicted_usd: guarded.predicted_usd,
             fail_open,
             forward_headers: cfg.forward_headers[agent_idx].clone(),
             body_read: j.body_read,
@@ -220,6 +241,15 @@ pub async fn admit(
         j.body,
         taken,
     ))
+}
+
+/// A model call of a task whose spend the watchdog predicts: each settled
+/// step's cost feeds the task's fit for as long as its budget lasts.
+fn spend_fit(caller: &Caller<'_>, j: &Judged) -> Option<Duration> {
+    let rules = caller.rules();
+    let wd = caller.cfg.guards[caller.agent_idx].watchdog.as_ref()?;
+    let on = wd.predict.is_some() && rules.budgets.task_usd.is_some();
+    (on && j.task_budget && caller.task.is_some()).then_some(rules.budgets.task_ttl)
 }
 
 /// The agent's share of the memory bodies are read into: bodies beyond
@@ -250,7 +280,7 @@ async fn shared_steps(
     caller: &Caller<'_>,
     j: &mut Judged,
     verdict: &mut Verdict,
-) -> Result<(LimitsTaken, Option<&'static str>, Option<DenyCode>), GatewayError> {
+) -> Result<(LimitsTaken, Guarded, Option<DenyCode>), GatewayError> {
     let rules = caller.rules();
     // Every target's circuit is open: refused here, before the limits and
     // the guards make state for a call that cannot go anywhere.
@@ -268,6 +298,7 @@ async fn shared_steps(
         estimated_prompt: j.estimated_prompt,
         max_tokens: Some(j.max_tokens),
         task: caller.task.filter(|_| j.task_budget),
+        money: j.money,
     };
     let taken = rules
         .admit_limits(env.store, env.clock.now(), &limits, verdict)
@@ -283,8 +314,16 @@ async fn shared_steps(
     }
 }
 
-/// Step 4: the task's loop guard, watchdog and tool isolation. Returns the
-/// `x-loopgate-guard` value.
+/// What the task guards add to an admitted call's answer.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Guarded {
+    /// `x-loopgate-guard`: `warn` or `degraded`.
+    pub guard: Option<&'static str>,
+    /// `x-loopgate-predicted-usd`: the task's predicted spend.
+    pub predicted_usd: Option<f64>,
+}
+
+/// Step 4: the task's loop guard, watchdog and tool isolation.
 async fn task_guards(
     env: &Env<'_>,
     caller: &Caller<'_>,
@@ -292,9 +331,9 @@ async fn task_guards(
     verdict: &mut Verdict,
     fail: &mut FailMode,
     budget_used: Option<f64>,
-) -> Result<Option<&'static str>, GatewayError> {
+) -> Result<Guarded, GatewayError> {
     let Some(key) = caller.task_key() else {
-        return Ok(None);
+        return Ok(Guarded::default());
     };
     let rules = caller.rules();
     let agent_guards = &caller.cfg.guards[caller.agent_idx];
@@ -304,16 +343,28 @@ async fn task_guards(
             verdict.judge_external(rules, deny)?;
         }
     }
-    let mut guard = None;
+    let mut out = Guarded::default();
     if let (Some(wd), true) = (&agent_guards.watchdog, j.watched) {
-        match fail.tolerate(guards::watch(env, rules, wd, &key, budget_used).await)? {
+        let mut seen = guards::Observed {
+            used: budget_used,
+            context: j.context_share,
+            predicted: None,
+        };
+        // Predicted against the task's money budget, for model calls.
+        let budget = rules.budgets.task_usd.filter(|_| j.task_budget);
+        if let (Some(f), Some(budget)) = (&wd.predict, budget) {
+            let predicted = fail.tolerate(guards::forecast(env, &key, budget, f).await)?;
+            seen.predicted = predicted.flatten().map(|p| (p, budget));
+            out.predicted_usd = seen.predicted.map(|(p, _)| p.predicted as f64 / 1e6);
+        }
+        match fail.tolerate(guards::watch(env, rules, wd, &key, seen).await)? {
             None | Some(Watch::Green) => {}
-            Some(Watch::Warn) => guard = Some("warn"),
+            Some(Watch::Warn) => out.guard = Some("warn"),
             Some(Watch::Stop(deny)) => verdict.judge_external(rules, Some(deny))?,
             Some(Watch::Degrade(to)) => {
                 // Only a model call has a cheaper model to go to; any
                 // other call is warned.
-                guard = Some(match super::model::degrade(caller, j, &to)? {
+                out.guard = Some(match super::model::degrade(caller, j, &to)? {
                     true => "degraded",
                     false => "warn",
                 });
@@ -335,7 +386,7 @@ async fn task_guards(
             verdict.judge_external(rules, Some(deny))?;
         }
     }
-    Ok(guard)
+    Ok(out)
 }
 
 /// The agent behind the presented key: its index in `cfg.agents`.

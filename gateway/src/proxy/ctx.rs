@@ -31,8 +31,13 @@ pub struct Admission {
     /// The agent's watchdog keeps task state this long: each finished
     /// call of a watched task feeds its latency EMA.
     pub watch_ttl: Option<Duration>,
+    /// Each settled step's cost feeds the task's spend fit, kept this
+    /// long (the watchdog predicts the task's spend).
+    pub spend_fit: Option<Duration>,
     /// `x-loopgate-guard`: `warn` (watchdog yellow) or `degraded`.
     pub guard: Option<&'static str>,
+    /// `x-loopgate-predicted-usd`: the task's predicted spend.
+    pub predicted_usd: Option<f64>,
     /// Forwarded under `fail_mode: open` although the gateway could not
     /// decide: the deny code it would otherwise have answered with.
     pub fail_open: Option<DenyCode>,
@@ -63,8 +68,14 @@ pub struct ModelPlan {
     pub stream: bool,
     /// The model the agent asked for, when the watchdog degraded it.
     pub degraded_from: Option<String>,
-    /// Output tokens a stream may produce before its budget is spent.
+    /// Output tokens a stream may produce before its token budget is spent.
     pub budget_room: Option<u64>,
+    /// Output tokens a stream may produce before its money budgets are
+    /// spent (at the output price reserved at).
+    pub money_room: Option<u64>,
+    /// The prompt's estimated tokens (what a cut stream is settled with:
+    /// its usage never came).
+    pub estimated_prompt: u64,
     /// The body's output limit, written per attempt for its target.
     pub output: loopgate_policy::OutputLimit,
 }
@@ -178,6 +189,8 @@ pub struct RequestCtx {
     pub lease: Option<Lease>,
     /// Limit windows whose reservation the reported usage replaces.
     pub settle_keys: Vec<Arc<str>>,
+    /// Money windows whose reservation the reported usage's cost replaces.
+    pub money_keys: Vec<Arc<str>>,
     /// Usage a large-body subrequest reported (its meter read it).
     pub reported_usage: Option<Usage>,
     /// Answered from an idempotency record, not forwarded.
@@ -217,6 +230,7 @@ impl RequestCtx {
             error_code: None,
             lease: None,
             settle_keys: Vec::new(),
+            money_keys: Vec::new(),
             reported_usage: None,
             replayed: false,
             mcp_audit: None,
@@ -231,6 +245,20 @@ impl RequestCtx {
             .as_ref()
             .and_then(|m| m.usage())
             .or(self.reported_usage)
+    }
+
+    /// What the answer cost, from the reported usage at the price of the
+    /// model the provider that answered was sent: the catalog's name for
+    /// the model (a bounded label) and dollars.
+    pub fn cost(&self) -> Option<(&str, f64)> {
+        let (usage, adm, served) = (
+            self.usage()?,
+            self.admitted.as_deref()?,
+            self.served_by.as_deref()?,
+        );
+        let m = adm.model()?;
+        adm.route
+            .cost(served, &m.model, adm.route_name.as_ref(), &usage)
     }
 
     /// This context talked to the upstream itself (not its subrequest).

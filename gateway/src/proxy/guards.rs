@@ -14,6 +14,7 @@ use crate::access_log::rfc3339_millis;
 use crate::config::runtime::Guards;
 use crate::error::GatewayError;
 use loopgate_breaker::{Fingerprint, LoopConfig, LoopVerdict, TaskState, Trip};
+use loopgate_policy::predict::{Forecast, Prediction, SpendFit};
 use loopgate_policy::watchdog::TaskState as WatchState;
 use loopgate_policy::{
     AgentRules, Deny, DenyCode, Level, RedAction, StepError, Streak, WatchdogConfig,
@@ -166,6 +167,72 @@ pub async fn record_streak(
     step_record(env, "tool isolation", &key, ttl, Streak::decode, step).await
 }
 
+fn rank(l: Level) -> u8 {
+    match l {
+        Level::Green => 0,
+        Level::Yellow => 1,
+        Level::Red => 2,
+    }
+}
+
+/// A predicted overrun, for the log and the refusal.
+fn overrun(p: &Prediction, budget: u64) -> String {
+    let usd = |micro: u64| micro as f64 / 1e6;
+    let mut why = format!(
+        "predicted spend ${:.4} by step {} > task budget ${:.4}",
+        usd(p.predicted),
+        p.at_step,
+        usd(budget)
+    );
+    if let Some(step) = p.exhausted_at {
+        why += &format!(" (runs out at step {step})");
+    }
+    why
+}
+
+/// The store key of a task's spend fit (see `policy::predict`).
+fn spend_key(task_key: &str) -> String {
+    format!("spend:{task_key}")
+}
+
+/// The task's predicted spend against its money budget `budget`
+/// (micro-dollars), from the fit of its settled steps. `None` until the
+/// fit has steps enough.
+pub async fn forecast(
+    env: &Env<'_>,
+    task_key: &str,
+    budget: u64,
+    f: &Forecast,
+) -> Result<Option<Prediction>, GatewayError> {
+    let rec = env
+        .store
+        .record_get(env.clock.now(), &spend_key(task_key))
+        .await
+        .map_err(|e| {
+            GatewayError::Denied(Deny::new(
+                DenyCode::StateUnavailable,
+                format!("spend prediction state unavailable: {}", e.0),
+            ))
+        })?;
+    let fit = rec.and_then(|(_, bytes)| SpendFit::decode(&bytes));
+    Ok(fit.and_then(|fit| fit.predict(budget, f.horizon)))
+}
+
+/// Adds a settled step's cost (micro-dollars) to the task's spend fit.
+/// Best effort, like the latency reading: a store that cannot be reached
+/// loses the step (the fit then predicts from the others).
+pub async fn record_spend(env: &Env<'_>, task_key: &str, ttl: Duration, cost: u64) {
+    let step = |fit: Option<SpendFit>, now| {
+        let mut fit = fit.unwrap_or_default();
+        fit.record(cost, now, ttl);
+        (Some(fit.encode()), ())
+    };
+    let key = spend_key(task_key);
+    if let Err(e) = step_record(env, "spend prediction", &key, ttl, SpendFit::decode, step).await {
+        log::debug!("task `{task_key}`: spend not recorded: {e}");
+    }
+}
+
 /// The store key of a task's watchdog state.
 fn watch_key(task_key: &str) -> String {
     format!("watch:{task_key}")
@@ -238,18 +305,30 @@ pub enum Watch {
     Degrade(String),
 }
 
-/// Counts the task's call and applies the watchdog's level. `used`: the
-/// share of the task budget used as of this admission.
+/// What the watchdog measured of a call, besides the task's own record:
+/// the share of the task budget used as of this admission, the share of
+/// its model's context window the call's prompt fills, and the task's
+/// spend prediction.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Observed {
+    pub used: Option<f64>,
+    pub context: Option<f64>,
+    /// With the task's money budget (micro-dollars) it was made against.
+    pub predicted: Option<(Prediction, u64)>,
+}
+
+/// Counts the task's call and applies the watchdog's level.
 pub async fn watch(
     env: &Env<'_>,
     rules: &AgentRules,
     cfg: &WatchdogConfig,
     task_key: &str,
-    used: Option<f64>,
+    seen: Observed,
 ) -> Result<Watch, GatewayError> {
+    let Observed { used, context, .. } = seen;
     let step = |task: Option<WatchState>, now| {
         let mut task = task.unwrap_or_default();
-        let reading = task.step(cfg, now, used);
+        let reading = task.step(cfg, now, used, context);
         (Some(task.encode()), reading)
     };
     let key = watch_key(task_key);
@@ -262,9 +341,26 @@ pub async fn watch(
         step,
     )
     .await?;
-    let reason = r.reason.unwrap_or_default();
+    let (mut at, mut reason) = (r.level, r.reason.unwrap_or_default());
+    if let (Some((p, budget)), Some(f)) = (seen.predicted.filter(|(p, _)| p.over), cfg.predict) {
+        let why = overrun(&p, budget);
+        log::warn!(
+            "spend prediction: agent `{}` task `{task_key}`: {why}",
+            rules.name
+        );
+        env.metrics
+            .predicted_overruns
+            .with_label_values(&[&rules.name])
+            .inc();
+        // The prediction raises the level to yellow (or red when the
+        // agent acts on it); a level already higher stays.
+        let by_prediction = if f.act { Level::Red } else { Level::Yellow };
+        if rank(by_prediction) > rank(at) {
+            (at, reason) = (by_prediction, why);
+        }
+    }
     let level = |l: &str| env.metrics.guard.with_label_values(&[&rules.name, l]).inc();
-    Ok(match (r.level, &cfg.action) {
+    Ok(match (at, &cfg.action) {
         (Level::Green, _) => Watch::Green,
         (Level::Yellow, _) => {
             log::warn!(

@@ -170,11 +170,13 @@ pub async fn judge(
         fail,
         estimated_prompt: 0,
         max_tokens: 0,
+        money: None,
         task_budget: false,
         extra,
         loop_call,
         // The task's loop guard and watchdog see tool calls.
         watched,
+        context_share: None,
         isolation: None,
         idem_claim: None,
         plan: Plan::Mcp(McpPlan { target, call }),

@@ -69,6 +69,8 @@ pub struct Gateway {
     access_log: Arc<AccessLog>,
     /// Request bodies held while admission reads them (see `buffers`).
     bodies: Arc<buffers::BodyBuffers>,
+    /// Open tasks under a money budget, for `/admin/spend`.
+    spend: Arc<crate::spend::SpendBook>,
     /// Tests only: a gateway failure on purpose after routing (see
     /// `test_fault`); `None` unless `LOOPGATE_TEST_FAULT` is set.
     test_fault: Option<test_fault::TestFault>,
@@ -82,6 +84,7 @@ impl Gateway {
         metrics: Arc<Metrics>,
         breakers: Arc<BreakerSet>,
         access_log: Arc<AccessLog>,
+        spend: Arc<crate::spend::SpendBook>,
     ) -> Self {
         Gateway {
             config,
@@ -92,6 +95,7 @@ impl Gateway {
             breakers,
             access_log,
             bodies: Arc::default(),
+            spend,
             test_fault: test_fault::TestFault::from_env(),
         }
     }
@@ -318,6 +322,7 @@ impl ProxyHttp for Gateway {
                 upstream_status: ctx.upstream_status,
                 sent: ctx.upstream_first_at.is_some(),
                 elapsed: ctx.started.elapsed(),
+                cost_usd: ctx.cost().map(|(_, usd)| usd),
             };
             ctx.features.done(&self.env(), &adm, &end).await;
         }

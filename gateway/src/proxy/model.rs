@@ -9,12 +9,14 @@ use super::admit::{
 };
 use super::ctx::{ModelPlan, Plan, RequestCtx};
 use crate::config::runtime::Route;
+use crate::config::spec::UnknownPrice;
 use crate::error::GatewayError;
 use bytes::Bytes;
 use loopgate_breaker::{Fingerprint, Fingerprinter, LoopConfig};
+use loopgate_policy::prompt::ContextCheck;
 use loopgate_policy::{
     clip, inspect_body, inspect_body_with, replace_model, AgentRules, BodyFacts, Deny, DenyCode,
-    Endpoint, Verdict,
+    Endpoint, MoneyAsk, Verdict,
 };
 use pingora_proxy::Session;
 use std::sync::Arc;
@@ -42,9 +44,9 @@ pub async fn judge(
     let work = ctx
         .intake
         .judging(body.len() as u64 * super::buffers::JUDGING_PER_BODY_BYTE)?;
-    let judged = judge_body(endpoint, &body, rules, caller.loop_guard()).await;
-    ctx.intake.shrink(work);
-    let (facts, loop_call) = judged?;
+    // Held until the context guard has counted too (on a refusal, until
+    // the request ends).
+    let (facts, loop_call) = judge_body(endpoint, &body, rules, caller.loop_guard()).await?;
     if facts.model.bytes().any(|b| b < 0x20 || b == 0x7f) {
         // It is echoed in headers and logs; no provider names a model so.
         return Err(Deny::new(
@@ -56,7 +58,19 @@ pub async fn judge(
     }
     let plan = rules.check_body(&facts, verdict)?;
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
-    context_guard(endpoint, &route, &facts, &body, plan.output_tokens, ctx).await?;
+    let watch = caller.context_watch();
+    let context_share =
+        context_guard(endpoint, &route, &facts, &body, plan.output_tokens, watch).await?;
+    ctx.intake.shrink(work);
+    let money = money_ask(
+        caller,
+        endpoint,
+        &route,
+        &facts,
+        plan.output_tokens,
+        verdict,
+    )?;
+    let estimated_prompt = facts.estimated_prompt_tokens();
     Ok(Judgement::Forward(Box::new(Judged {
         route_name,
         route,
@@ -65,12 +79,14 @@ pub async fn judge(
         body_rewritten: false,
         // Model calls have no fail_mode: what cannot be decided is refused.
         fail: FailMode::new(false),
-        estimated_prompt: facts.estimated_prompt_tokens(),
+        estimated_prompt,
         max_tokens: plan.output_tokens,
         task_budget: true,
         extra: Vec::new(),
+        money,
         loop_call,
         watched: true,
+        context_share,
         isolation: None,
         idem_claim: None,
         plan: Plan::Model(ModelPlan {
@@ -79,6 +95,8 @@ pub async fn judge(
             stream: facts.stream,
             degraded_from: None,
             budget_room: None,
+            money_room: None,
+            estimated_prompt,
             output: plan.output,
         }),
     })))
@@ -88,51 +106,98 @@ pub async fn judge(
 /// completion (`max_tokens`, the agent's inserted limit or the default
 /// output) must fit the window of the model the route's first target is
 /// sent, when the catalog knows that window. Embeddings have no output.
+/// Returns the share of the window the prompt fills when the watchdog
+/// may act on it (it reaches `watch`).
 async fn context_guard(
     endpoint: Endpoint,
     route: &Route,
     facts: &loopgate_policy::BodyFacts,
     body: &Bytes,
     output_tokens: u64,
-    ctx: &mut RequestCtx,
-) -> Result<(), GatewayError> {
+    watch: Option<f64>,
+) -> Result<Option<f64>, GatewayError> {
     let sent = route.sent_model(0, &facts.model);
     let Some((window, max_output)) = route.models.prices.window(sent) else {
-        return Ok(());
+        return Ok(None);
     };
     // The model never writes more than its own maximum.
     let output = match endpoint {
         Endpoint::Embeddings => 0,
         _ => (output_tokens / facts.choices()).min(max_output.unwrap_or(u64::MAX)),
     };
-    let estimated = facts.estimated_prompt_tokens();
-    let messages = facts.messages.unwrap_or(0) as u64;
-    // Counting parses the body into a tree again and runs the tokenizer:
-    // charged like judging while it runs.
-    let work = match loopgate_policy::prompt::counts(body.len(), messages, window, output) {
-        true => ctx.intake.judging(
-            loopgate_policy::json::parse_cost(body) + loopgate_policy::prompt::COUNT_WORK_BYTES,
-        )?,
-        false => 0,
+    let (estimate, messages) = (
+        facts.estimated_prompt_tokens(),
+        facts.messages.unwrap_or(0) as u64,
+    );
+    let check = move |model: &str, body: &[u8]| {
+        ContextCheck {
+            endpoint,
+            model,
+            window,
+            output,
+            estimate,
+            messages,
+            watch,
+        }
+        .check(body)
     };
-    let checked = if body.len() <= JUDGE_ASIDE_BYTES {
-        loopgate_policy::prompt::check_context(
-            endpoint, sent, body, estimated, messages, window, output,
-        )
-        .map_err(GatewayError::from)
-    } else {
-        // Counting a large prompt's tokens is judging work too.
-        let (sent, body) = (sent.to_string(), body.clone());
-        aside(move || {
-            loopgate_policy::prompt::check_context(
-                endpoint, &sent, &body, estimated, messages, window, output,
+    if body.len() <= JUDGE_ASIDE_BYTES {
+        return Ok(check(sent, body)?);
+    }
+    // Counting a large prompt's tokens is judging work too.
+    let (sent, body) = (sent.to_string(), body.clone());
+    Ok(aside(move || check(&sent, &body)).await??)
+}
+
+/// What a model call reserves from its agent's money budgets, when any
+/// applies: the prompt estimate at the input price plus the output limit
+/// (`max_tokens` × `n`, the inserted limit, or `budgets.default_max_tokens`;
+/// none for embeddings) at the output price. The price is the dearest of
+/// the route's targets (a fallback may serve it), so the reservation
+/// covers whichever answers. A target without a price is refused with 402
+/// `price_unknown` under `on_unknown_price: deny`, or counted as free
+/// under `zero`.
+fn money_ask(
+    caller: &Caller<'_>,
+    endpoint: Endpoint,
+    route: &Route,
+    facts: &BodyFacts,
+    output_tokens: u64,
+    verdict: &mut Verdict,
+) -> Result<Option<MoneyAsk>, Deny> {
+    let rules = caller.rules();
+    if !rules.money_budgeted() {
+        return Ok(None);
+    }
+    let price = match (route.call_price(&facts.model), caller.cfg.on_unknown_price) {
+        (Ok(p), _) => p,
+        (Err(_), UnknownPrice::Zero) => route.known_price(&facts.model),
+        (Err(sent), UnknownPrice::Deny) => {
+            let deny = Deny::new(
+                DenyCode::PriceUnknown,
+                format!(
+                    "model `{}` has no price, and agent `{}` spends under a money budget \
+                     (on_unknown_price: deny); give it a price under `models:` or its provider",
+                    clip(sent, 200),
+                    rules.name
+                ),
             )
-        })
-        .await
-        .and_then(|r| r.map_err(GatewayError::from))
+            .never_retryable();
+            verdict.judge_external(rules, Some(deny))?;
+            // Dry-run: reported, and counted at the prices known.
+            route.known_price(&facts.model)
+        }
     };
-    ctx.intake.shrink(work);
-    checked
+    let output = match endpoint {
+        Endpoint::Embeddings => 0,
+        _ => output_tokens,
+    };
+    let prompt = facts.estimated_prompt_tokens();
+    Ok(Some(MoneyAsk {
+        reserve: price.reserve_micros(prompt, output),
+        prompt: price.reserve_micros(prompt, 0),
+        price,
+    }))
 }
 
 /// Judges the body (facts, blocked phrases) and, when the task's loop

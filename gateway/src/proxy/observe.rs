@@ -78,13 +78,7 @@ impl<'a> Summary<'a> {
                 .saturating_duration_since(t)
         });
         let usage = ctx.usage();
-        let cost = match (usage, ctx.admitted.as_deref(), ctx.served_by.as_deref()) {
-            (Some(u), Some(adm), Some(served)) => adm.model().and_then(|m| {
-                adm.route
-                    .cost(served, &m.model, adm.route_name.as_ref(), &u)
-            }),
-            _ => None,
-        };
+        let cost = ctx.cost();
         Summary {
             elapsed,
             status: session.response_written().map_or(0, |r| r.status.as_u16()),

@@ -97,6 +97,16 @@ impl Gateway {
             self.metrics.would_deny(code);
         }
         ctx.settle_keys = taken.settle_keys;
+        ctx.money_keys = taken.money_keys;
+        for (level, ratio) in &taken.money_used {
+            self.metrics.budget_used(&adm.agent, *level, *ratio);
+            if *level == loopgate_policy::BudgetLevel::Task {
+                let task = adm.task_key.as_deref().and_then(|k| k.split_once('/'));
+                if let Some((_, task)) = task {
+                    self.spend.saw_task(&adm.agent, task, self.clock.now());
+                }
+            }
+        }
         if taken.lease.degraded {
             self.metrics.state_degraded.inc();
         }
@@ -140,14 +150,31 @@ pub async fn settle_limits(env: &Env<'_>, ctx: &mut RequestCtx, now: Duration) {
         return;
     };
     let settle: Vec<(&str, u64)> = match ctx.usage() {
-        Some(usage) => ctx
-            .settle_keys
-            .iter()
-            .map(|k| (&**k, usage.total()))
-            .collect(),
+        Some(usage) => {
+            let cost = spent_micros(ctx, &usage);
+            let tokens = ctx.settle_keys.iter().map(|k| (&**k, usage.total()));
+            let money = ctx.money_keys.iter().map(|k| (&**k, cost));
+            tokens.chain(money).collect()
+        }
         None => Vec::new(),
     };
     if let Err(err) = env.store.finish(now, &lease, &settle).await {
         log::warn!("request {}: {err}", ctx.request_id);
     }
+}
+
+/// What `usage` cost, in micro-dollars, at the price of the target that
+/// answered: settles the money budgets (down to what the call cost, or up
+/// when it cost more than reserved). A model without a price is 0 (only
+/// reachable under `on_unknown_price: zero`, or dry-run).
+fn spent_micros(ctx: &RequestCtx, usage: &loopgate_policy::Usage) -> u64 {
+    if ctx.money_keys.is_empty() {
+        return 0;
+    }
+    let (Some(adm), Some(served)) = (ctx.admitted.as_deref(), ctx.served_by.as_deref()) else {
+        return 0;
+    };
+    adm.model()
+        .and_then(|m| adm.route.price_of(served, &m.model))
+        .map_or(0, |p| p.cost_micros(usage))
 }

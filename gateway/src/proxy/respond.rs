@@ -16,6 +16,8 @@ pub const WOULD_DENY_HEADER: &str = "x-loopgate-would-deny";
 pub const PROVIDER_HEADER: &str = "x-loopgate-provider";
 pub const FALLBACK_HEADER: &str = "x-loopgate-fallback";
 pub const GUARD_HEADER: &str = "x-loopgate-guard";
+/// The task's predicted spend in dollars (watchdog spend prediction).
+pub const PREDICTED_HEADER: &str = "x-loopgate-predicted-usd";
 pub const DEGRADED_HEADER: &str = "x-loopgate-degraded";
 /// Forwarded under `fail_mode: open`: why the gateway could not decide.
 pub const FAIL_OPEN_HEADER: &str = "x-loopgate-fail-open";
@@ -80,7 +82,25 @@ pub fn render_json(e: &GatewayError, request_id: &str, tool_call: bool) -> Vec<u
     if tool_call {
         v["error"]["upstream_failed"] = serde_json::Value::Bool(e.upstream_failed());
     }
+    if let Some(b) = budget_json(e) {
+        v["error"]["budget"] = b;
+    }
     serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// A money budget's refusal, in numbers:
+/// `{"level": "agent_day", "limit_usd": 5.0, "reserved_usd": 0.0123}`.
+fn budget_json(e: &GatewayError) -> Option<serde_json::Value> {
+    use loopgate_policy::price::micros_to_usd;
+    let GatewayError::Denied(d) = e else {
+        return None;
+    };
+    let b = d.budget.as_deref()?;
+    Some(serde_json::json!({
+        "level": b.level.as_str(),
+        "limit_usd": micros_to_usd(b.limit),
+        "reserved_usd": micros_to_usd(b.reserve),
+    }))
 }
 
 /// The JSON-RPC error answering an MCP request: `error.data` carries the
@@ -182,6 +202,9 @@ pub fn decision_headers(resp: &mut ResponseHeader, ctx: &RequestCtx) -> pingora:
         }
         if let Some(g) = adm.guard {
             resp.insert_header(GUARD_HEADER, g)?;
+        }
+        if let Some(usd) = adm.predicted_usd {
+            resp.insert_header(PREDICTED_HEADER, format!("{usd:.6}"))?;
         }
         if let Some(m) = adm.model() {
             if let Some(from) = &m.degraded_from {

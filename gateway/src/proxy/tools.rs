@@ -137,10 +137,12 @@ pub async fn judge(
         fail,
         estimated_prompt: 0,
         max_tokens: 0,
+        money: None,
         task_budget: false,
         extra: Vec::new(),
         loop_call,
         watched: true,
+        context_share: None,
         isolation: isolation.clone(),
         idem_claim: claim.record.as_ref().map(|(k, _)| k.clone()),
         plan: Plan::Tool(ToolPlan {

@@ -27,6 +27,8 @@ pub struct End<'a> {
     pub sent: bool,
     /// The whole request, as the agent saw it.
     pub elapsed: Duration,
+    /// What the answer cost in dollars, when its usage and price are known.
+    pub cost_usd: Option<f64>,
 }
 
 /// One exchange feature. Every phase has a default that does nothing.
@@ -143,4 +145,5 @@ features! {
     mcp_lists => ListFilter,
     tool_streak => Streak,
     task_latency => TaskLatency,
+    spend_fit => SpendFit,
 }

@@ -1,7 +1,8 @@
 //! Usage metering on model calls: reads the provider's reported usage from
 //! the answer as it passes (JSON or SSE), for token metrics and limit
-//! settlement, and cuts a stream that outgrows its task's token budget
-//! with a proper error event (the overshoot is at most one upstream read).
+//! settlement, and cuts a stream that outgrows its token budgets or the
+//! money its budgets have left with a proper error event (the overshoot is
+//! at most one upstream read).
 
 use super::{Admission, Env, Feature};
 use crate::error::GatewayError;
@@ -12,8 +13,13 @@ use pingora::http::ResponseHeader;
 
 #[derive(Debug)]
 pub struct UsageMeter {
-    /// Output tokens a stream may produce before its budget is spent.
+    /// Output tokens a stream may produce before its token budget is spent.
     room: Option<u64>,
+    /// Output tokens the money budgets still pay for.
+    money_room: Option<u64>,
+    /// The prompt's estimate: a cut stream's usage never comes, and its
+    /// prompt was paid for.
+    prompt: u64,
     scanner: Option<UsageScanner>,
     usage: Option<Usage>,
 }
@@ -29,6 +35,8 @@ impl Feature for UsageMeter {
     fn arm(adm: &Admission) -> Option<Self> {
         adm.model().map(|m| UsageMeter {
             room: m.budget_room,
+            money_room: m.money_room,
+            prompt: m.estimated_prompt,
             scanner: None,
             usage: None,
         })
@@ -55,10 +63,16 @@ impl Feature for UsageMeter {
         if let Some(b) = body {
             scanner.feed(b);
         }
-        if let Some(room) = self.room.filter(|r| !end && scanner.events() > *r) {
-            let produced = scanner.events();
+        let produced = scanner.events();
+        let over = |room: Option<u64>| room.filter(|r| !end && produced > *r);
+        let cut = match (over(self.room), over(self.money_room)) {
+            (Some(room), _) => Some((room, "token budget")),
+            (None, Some(room)) => Some((room, "money budget")),
+            (None, None) => None,
+        };
+        if let Some((room, which)) = cut {
             log::warn!(
-                "request {}: stream cut after ~{produced} tokens: budget room was {room}",
+                "request {}: stream cut after ~{produced} tokens: {which} room was {room}",
                 adm.request_id
             );
             env.metrics
@@ -66,15 +80,14 @@ impl Feature for UsageMeter {
                 .with_label_values(&[adm.agent.as_ref()])
                 .inc();
             self.usage = Some(Usage {
+                input_tokens: self.prompt,
                 output_tokens: produced,
                 ..Usage::default()
             });
             self.scanner = None;
             let deny = Deny::new(
                 DenyCode::BudgetExceeded,
-                format!(
-                    "stream cut after about {produced} tokens: the token budget had room for {room}"
-                ),
+                format!("stream cut after about {produced} tokens: the {which} had room for {room}"),
             )
             .never_retryable();
             return Err(answer(BUDGET_CUT, GatewayError::Denied(deny)));
