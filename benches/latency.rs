@@ -1,8 +1,8 @@
 //! Another agent's latency while a hostile agent sends the costliest
 //! bodies to judge (issue #35 item 3), against the real binary and the
-//! mock: a victim agent sends small chat completions at a steady rate
-//! (one every 10 ms, each on a fresh connection) and its p50, p90, p99 and
-//! max latency are printed (a) alone, then (b) while a hostile agent sends
+//! mock: a victim agent sends small chat completions at a steady pace
+//! (each 10 ms after the last one's answer, on a fresh connection) and
+//! its calls' p50, p90, p99 and max latency are printed (a) alone, then (b) while a hostile agent sends
 //! ~8 MiB bodies back to back, with 1 and 2 senders: plain ASCII (the
 //! reference), U+FDFA (NFKC makes each 18 characters), the same
 //! JSON-escaped (`\ufdfa`), and 60-deep chains of nested objects with a
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 const HOSTILE_KEY: &str = "bench-hostile-key";
 const VICTIM_KEY: &str = "bench-victim-key";
-/// How often the victim starts a call.
+/// The victim's pause between an answer and its next call.
 const EVERY: Duration = Duration::from_millis(10);
 
 fn main() {
@@ -60,15 +60,15 @@ fn main() {
         .collect();
     victim(&gw, Duration::from_secs(1)); // warm-up
     println!(
-        "gateway threads: {threads}; the victim's small calls every {EVERY:?}, {secs} s a phase"
+        "gateway threads: {threads}; the victim's small calls {EVERY:?} after each answer, {secs} s a phase"
     );
     println!(
-        "{:<26} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9}   vs alone (p50 p90 p99 max)",
-        "hostile body", "senders", "judged", "p50", "p90", "p99", "max",
+        "{:<26} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9}   vs alone (p50 p90 p99 max)",
+        "hostile body", "senders", "judged", "calls", "p50", "p90", "p99", "max",
     );
     let alone = victim(&gw, phase);
     let base = summary(&alone);
-    row("(a) alone", 0, 0, &base, &base);
+    row("(a) alone", 0, 0, &alone, &base);
     for (name, body, task) in &hostile {
         for senders in [1, 2] {
             let extra: &[&str] = match task {
@@ -84,27 +84,27 @@ fn main() {
             if judged != statuses.len() {
                 eprintln!("{name}: hostile statuses other than the mock's 400: {statuses:?}");
             }
-            row(name, senders, judged, &summary(&lat), &base);
+            row(name, senders, judged, &lat, &base);
         }
     }
 }
 
-/// The victim's small calls, one every [`EVERY`] (the next starts at once
-/// when one took longer), for `how_long`: each one's latency.
+/// The victim's small calls for `how_long`, each sent [`EVERY`] after the
+/// last one's answer (as an agent does between steps): each one's
+/// latency. Paced from the answers, never catching up: calls sent in a
+/// burst after a stall would be fast and hide it (and calls due during
+/// it would never be counted), while a victim that cannot catch up would
+/// measure its own backlog, not the gateway.
 fn victim(gw: &Gateway, how_long: Duration) -> Vec<Duration> {
     let start = Instant::now();
     let mut took = Vec::new();
-    let mut next = start;
     while start.elapsed() < how_long {
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-        next += EVERY;
         let (status, t) = gw.timed_post("/v1/chat/completions", VICTIM_KEY, &[], CHAT.as_bytes());
         if status != 200 {
             eprintln!("a victim call got {status}");
         }
         took.push(t);
+        std::thread::sleep(EVERY);
     }
     took
 }
@@ -114,7 +114,11 @@ fn summary(v: &[Duration]) -> [Duration; 4] {
     [50, 90, 99, 100].map(|p| percentile(v, p))
 }
 
-fn row(name: &str, senders: usize, judged: usize, s: &[Duration; 4], base: &[Duration; 4]) {
+/// One line: the hostile body, its senders, how many of its calls were
+/// judged, the victim's calls and their percentiles, and those against
+/// `base`.
+fn row(name: &str, senders: usize, judged: usize, calls: &[Duration], base: &[Duration; 4]) {
+    let s = &summary(calls);
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
     let ratios: Vec<String> = s
         .iter()
@@ -122,10 +126,11 @@ fn row(name: &str, senders: usize, judged: usize, s: &[Duration; 4], base: &[Dur
         .map(|(a, b)| format!("{:.1}x", a.as_secs_f64() / b.as_secs_f64().max(1e-9)))
         .collect();
     println!(
-        "{:<26} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9}   {}",
+        "{:<26} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9}   {}",
         name,
         senders,
         judged,
+        calls.len(),
         ms(s[0]),
         ms(s[1]),
         ms(s[2]),

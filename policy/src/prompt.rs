@@ -89,9 +89,53 @@ fn skipped(key: &str) -> bool {
     )
 }
 
+/// Texts longer than this are tokenized a piece at a time (cut before a
+/// whitespace near the end of the piece where there is one): the
+/// tokenizer's work space grows with the longest piece it is given (a
+/// multiple of it), so a string of megabytes would cost hundreds of
+/// megabytes at once (8 MiB of U+FDFA: 418 MB). Exact but for a token at
+/// a cut that falls inside one (at most one per piece of a long string).
+const PIECE: usize = 64 * 1024;
+
+/// The tokens of `text`, a piece at a time ([`PIECE`]), stopping once past
+/// `limit`.
+fn count_text(bpe: &CoreBPE, text: &str, limit: u64) -> u64 {
+    let mut n = 0u64;
+    let mut rest = text;
+    while !rest.is_empty() && n <= limit {
+        let mut cut = rest.len().min(PIECE);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        if cut < rest.len() {
+            let near = rest[..cut]
+                .rfind(char::is_whitespace)
+                .filter(|&w| w > cut - PIECE / 4);
+            cut = near.unwrap_or(cut);
+        }
+        n += bpe.encode_ordinary(&rest[..cut]).len() as u64;
+        rest = &rest[cut..];
+    }
+    n
+}
+
 /// The prompt tokens of `body` (a JSON object) for `model`, with the
 /// tokenizer where the model has one, else `estimate`.
 pub fn count_prompt(endpoint: Endpoint, model: &str, body: &[u8], estimate: u64) -> (u64, Counted) {
+    count_prompt_until(endpoint, model, body, estimate, u64::MAX)
+}
+
+/// As [`count_prompt`], stopping once the count passes `limit` (what it
+/// returns then is over `limit`, not the whole count): a prompt of
+/// megabytes past a window of 128k tokens is refused after about the
+/// window's worth of tokenizing.
+pub fn count_prompt_until(
+    endpoint: Endpoint,
+    model: &str,
+    body: &[u8],
+    estimate: u64,
+    limit: u64,
+) -> (u64, Counted) {
     let Some(bpe) = tokenizer(model) else {
         return (estimate, Counted::Estimate);
     };
@@ -107,6 +151,7 @@ pub fn count_prompt(endpoint: Endpoint, model: &str, body: &[u8], estimate: u64)
         items: 0,
         in_items: false,
         text: 0,
+        limit,
         object: false,
     };
     if crate::tokens::read(body, &mut counter).is_err() || !counter.object {
@@ -147,6 +192,8 @@ struct Counter {
     /// Inside the array of `messages` or `input`.
     in_items: bool,
     text: u64,
+    /// Past this many tokens of text, no more is tokenized.
+    limit: u64,
     /// The document is an object.
     object: bool,
 }
@@ -203,8 +250,8 @@ impl crate::tokens::TokenSink for Counter {
                 }
             }
             Token::Str(text) => {
-                if self.value(false) {
-                    let n = self.bpe.encode_ordinary(text).len() as u64;
+                if self.value(false) && self.text <= self.limit {
+                    let n = count_text(self.bpe, text, self.limit - self.text);
                     self.text = self.text.saturating_add(n);
                 }
             }
@@ -255,7 +302,12 @@ impl ContextCheck<'_> {
         {
             return Ok(None);
         }
-        let (prompt, how) = count_prompt(self.endpoint, self.model, body, self.estimate);
+        // Past the window less the output it is refused, so the count
+        // stops there: a prompt of megabytes costs about a window's worth
+        // of tokenizing.
+        let limit = self.window.saturating_sub(self.output);
+        let (prompt, how) =
+            count_prompt_until(self.endpoint, self.model, body, self.estimate, limit);
         if prompt.saturating_add(self.output) <= self.window {
             return Ok(watched(prompt));
         }
@@ -278,6 +330,25 @@ impl ContextCheck<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_string_is_counted_a_piece_at_a_time_and_stops_past_the_limit() {
+        let bpe = tokenizer("gpt-4o").unwrap();
+        // Words: pieces cut before a space count as the whole does.
+        let words = "the quick brown fox jumps over the lazy dog ".repeat(5000);
+        let whole = bpe.encode_ordinary(&words).len() as u64;
+        assert!(words.len() > 3 * PIECE);
+        assert_eq!(count_text(bpe, &words, u64::MAX), whole);
+        // No whitespace: cut at a character boundary, a token at most more
+        // a cut.
+        let wide = "\u{fdfa}".repeat(60_000);
+        let whole = bpe.encode_ordinary(&wide).len() as u64;
+        let pieces = count_text(bpe, &wide, u64::MAX);
+        assert!(pieces >= whole && pieces <= whole + (wide.len() / PIECE) as u64);
+        // Past the limit it stops: over the limit, and short of the whole.
+        let n = count_text(bpe, &words, 1000);
+        assert!(n > 1000 && n < whole, "{n}");
+    }
 
     fn chat(content: &str) -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!({
