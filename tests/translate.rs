@@ -35,6 +35,8 @@ agents:
   tester:
     key_sha256: "{agent}"
     models: ["*"]
+policy:
+  max_body_bytes: 4194304
 "#,
         mock = mock.url(),
         down = down.url(),
@@ -346,6 +348,29 @@ fn an_anthropic_agent_falls_back_to_a_local_openai_compatible_server() {
     assert_eq!(r.header("x-loopgate-fallback"), Some("an_down"));
     let evs = events(&r.text());
     assert_eq!(evs.last().unwrap().0, "message_stop", "{}", r.text());
+}
+
+#[test]
+fn large_bodies_are_translated_whole() {
+    // Past Pingora's 64 KiB retry buffer (the large-body subrequest path)
+    // and well past it: the provider gets the whole translated body.
+    let s = setup();
+    for size in [70 * 1024, 1024 * 1024] {
+        let text = "a".repeat(size);
+        let body = json!({"model": "claude-via-openai", "max_tokens": 16,
+                          "messages": [{"role": "user", "content": text}]});
+        let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &[], body.to_string());
+        assert_eq!(r.status, 200, "{size}: {}", r.text());
+        assert_eq!(r.json()["type"], "message");
+        let req = s.mock.last_request();
+        assert_eq!(req["path"], "/v1/chat/completions");
+        let sent = serde_json::to_vec(
+            &json!({"max_tokens": 16, "messages": [{"content": text, "role": "user"}],
+                                              "model": "claude-via-openai"}),
+        )
+        .unwrap();
+        assert_eq!(req["body_sha256"], sha256_hex(&sent), "{size}");
+    }
 }
 
 #[test]
