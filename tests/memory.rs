@@ -151,3 +151,54 @@ fn an_mcp_body_whose_tree_does_not_fit_is_refused_then_passes() {
     r.assert_rpc_error(413, Value::Null, "body_too_large");
     assert_eq!(mock.received(), 2, "nothing more reached the mock");
 }
+
+/// A call whose route translates it to the other API family is charged
+/// for the trees translation builds (twice `parse_cost`'s bound): a
+/// Messages body of many tiny schema objects, 128 KiB raw, would hold
+/// ~12 MiB translated and is refused (413 `body_too_large`) under a 4 MiB
+/// total, before anything is sent; the same body to an Anthropic route
+/// (no translation) passes.
+#[test]
+fn a_translated_body_is_charged_for_its_trees() {
+    let mock = Mock::start();
+    let cfg = format!(
+        r#"
+listen: {{ address: "127.0.0.1:{{PORT}}", connections: {{ body_memory_bytes: {total} }} }}
+threads: 2
+{providers}
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: ["*"]
+"#,
+        total = 4 * MIB,
+        providers = oa_an_providers(&mock, ""),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+    );
+    let gw = Gateway::start(&cfg);
+    let properties: serde_json::Map<String, Value> = (0..9000)
+        .map(|i| (format!("p{i}"), json!({"t": 1})))
+        .collect();
+    let body = |model: &str| {
+        json!({
+            "model": model, "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "input_schema": {"type": "object", "properties": properties}}],
+        })
+        .to_string()
+    };
+    let key = format!("x-api-key: {AGENT_KEY}");
+    let messages = gw.url("/v1/messages");
+    // gpt-4o-mini is served by the OpenAI-compatible provider: translated.
+    let translated = body("gpt-4o-mini");
+    assert!(translated.len() > 100 * 1024, "{}", translated.len());
+    let r = curl_body(&[&messages, "-H", &key], translated.as_bytes());
+    r.assert_gateway_error(413, "body_too_large");
+    assert!(mock.requests().is_empty(), "nothing was sent");
+    // The same body to an Anthropic model: no translation, no trees.
+    let r = curl_body(
+        &[&messages, "-H", &key],
+        body("claude-3-5-haiku-latest").as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}

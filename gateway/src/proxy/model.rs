@@ -58,7 +58,10 @@ pub async fn judge(
     }
     let plan = rules.check_body(&facts, verdict)?;
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
-    let usage_chunk = translatable(endpoint, &route, &body)?;
+    let usage_chunk = match route.translates(endpoint) {
+        true => translate_check(ctx, endpoint, &route, &body).await?,
+        false => false,
+    };
     let watch = caller.context_watch();
     let context_share =
         context_guard(endpoint, &route, &facts, &body, plan.output_tokens, watch).await?;
@@ -292,6 +295,29 @@ fn translatable(endpoint: Endpoint, route: &Route, body: &[u8]) -> Result<bool, 
         .never_retryable()
         .into()),
     }
+}
+
+/// [`translatable`] as judging work: translation parses the body into a
+/// tree and builds the other family's, so what both may hold (twice the
+/// tree's bound, `policy::json::parse_cost`: a body of tiny objects makes
+/// a tree a hundred times its size) is charged like judging, and a large
+/// body is translated off the runtime's threads.
+async fn translate_check(
+    ctx: &mut RequestCtx,
+    endpoint: Endpoint,
+    route: &Arc<Route>,
+    body: &Bytes,
+) -> Result<bool, GatewayError> {
+    let trees = loopgate_policy::json::parse_cost(body).saturating_mul(2);
+    let work = ctx.intake.judging(trees)?;
+    let checked = if body.len() <= JUDGE_ASIDE_BYTES {
+        translatable(endpoint, route, body)
+    } else {
+        let (route, body) = (route.clone(), body.clone());
+        aside(move || translatable(endpoint, &route, &body)).await?
+    };
+    ctx.intake.shrink(work);
+    checked
 }
 
 /// The watchdog's red `degrade`: the call goes to `to`'s route with the
