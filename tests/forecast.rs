@@ -139,13 +139,8 @@ fn a_prediction_without_a_task_money_budget_is_a_config_error() {
         .replace("    budgets: { task_usd: 0.02 }\n", "")
         .replace("{PORT}", "0");
     std::fs::write(&path, yaml).unwrap();
-    let out = std::process::Command::new(bin())
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = check_config(&path);
+    assert_eq!(code, Some(1), "{err}");
     for want in [
         "predict.yaml: agents.tester.watchdog.predict: needs a task money budget",
         "predict.yaml: agents.tester.watchdog.predict.lookahead_steps: must be at least 1",

@@ -49,6 +49,22 @@ pub fn bin() -> PathBuf {
     })
 }
 
+/// What `loopgate check --config <path>` says of a config file (with the
+/// test secrets in its environment): its exit code and its stderr.
+pub fn check_config(path: &std::path::Path) -> (Option<i32>, String) {
+    let out = Command::new(bin())
+        .args(["check", "--config"])
+        .arg(path)
+        .env("LOOPGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+        .output()
+        .expect("run loopgate check");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A fresh scratch directory under the system temp dir.
 pub fn scratch_dir(tag: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);

@@ -376,17 +376,8 @@ fn on_unknown_price_deny_is_refused_by_check_and_zero_counts_free() {
     let check = |yaml: &str| {
         let yaml = yaml.replace("{PORT}", "0").replace("{ADMIN_PORT}", "0");
         std::fs::write(&path, yaml).unwrap();
-        let out = std::process::Command::new(bin())
-            .args(["check", "--config"])
-            .arg(&path)
-            .env("LOOPGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        let (code, err) = check_config(&path);
+        (code == Some(0), err)
     };
     // deny (the default): the config is refused, naming the agent, what
     // it may call and the field; a wildcard route needs every name under

@@ -2,7 +2,6 @@
 
 use loopgate_tests::*;
 use serde_json::Value;
-use std::process::Command;
 use std::time::Duration;
 
 const PROMPT: &str = "confidential-prompt-text-4471";
@@ -330,15 +329,8 @@ fn headers_no_request_could_send_are_refused_at_load() {
     assert_eq!(chat(&gw, &[], &body("gpt-4o-mini", false)).status, 200);
 
     // `loopgate check` says the same and exits 1.
-    let out = Command::new(bin())
-        .args(["check", "--config"])
-        .arg(&gw.config_path)
-        .env("LOOPGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (code, stderr) = check_config(&gw.config_path);
+    assert_eq!(code, Some(1));
     assert!(
         stderr.contains("the name holds characters an HTTP header cannot carry"),
         "{stderr}"

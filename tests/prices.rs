@@ -234,23 +234,13 @@ models:
   m: { price: { input: 1, output: 2, cache_read: -0.5 }, context_window: 0 }
 "#;
     std::fs::write(&path, yaml).unwrap();
-    let out = std::process::Command::new(bin())
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = check_config(&path);
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("on_unknown_price"), "{err}");
 
     std::fs::write(&path, yaml.replace("on_unknown_price: maybe\n", "")).unwrap();
-    let out = std::process::Command::new(bin())
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = check_config(&path);
+    assert_eq!(code, Some(1), "{err}");
     for want in [
         "bad.yaml: providers.oa.price.input: must be a price",
         "bad.yaml: models.m.price.cache_read: must be a price",
@@ -267,16 +257,8 @@ models:
             .replace("context_window: 0", "context_window: 8"),
     )
     .unwrap();
-    let out = std::process::Command::new(bin())
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (code, err) = check_config(&path);
+    assert_eq!(code, Some(0), "{err}");
 }
 
 fn guarded_config(mock: &Mock) -> String {

@@ -152,12 +152,7 @@ fn build_rules(
     let policy = defaults.policy;
     // The name keys the agent's task state (`agent/task`), which the
     // state is bounded per agent by, and labels its metrics.
-    if name.is_empty()
-        || name.len() > 64
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    {
+    if !valid_name(name) {
         errs.push(
             at,
             "an agent name is 1-64 characters of A-Z, a-z, 0-9, `.`, `_` and `-`",
@@ -245,12 +240,7 @@ pub(super) fn build_teams(
     let mut out = HashMap::new();
     for (name, t) in specs {
         let at = format!("teams.{name}");
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        {
+        if !valid_name(name) {
             errs.push(
                 &at,
                 "a team name is 1-64 characters of A-Z, a-z, 0-9, `.`, `_` and `-`",
@@ -465,6 +455,16 @@ fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<Loo
         clear_after: l.clear_after.unwrap_or(d.clear_after).max(1),
         idle_ttl: d.idle_ttl,
     })
+}
+
+/// An agent's or a team's name: 1-64 characters of `A-Z a-z 0-9 . _ -`
+/// (it keys store records and labels metrics).
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 /// Steps a spend prediction looks ahead without an expected length.
