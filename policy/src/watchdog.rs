@@ -35,7 +35,8 @@ pub struct WatchdogConfig {
     pub predict: Option<crate::predict::Forecast>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Ordered: green < yellow < red.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
     Green,
     Yellow,

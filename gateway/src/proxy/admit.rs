@@ -25,10 +25,10 @@ use crate::config::runtime::Route;
 use crate::config::Config;
 use crate::error::GatewayError;
 use bytes::{Bytes, BytesMut};
+use loopgate_policy::predict::Forecast;
 use loopgate_policy::{Deny, DenyCode, LimitRequest, LimitsTaken, Verdict, WindowTake};
 use pingora_proxy::Session;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Headers an agent may authenticate with, in order of preference. Parsed
 /// names: a lookup or removal by `&str` parses the name on every call.
@@ -219,7 +219,8 @@ pub async fn admit(
         m.budget_room = taken.budget_room;
         m.money_room = taken.money_room;
     }
-    let spend_fit = spend_fit(&caller, &j);
+    // The fit is kept as long as the task's budget is.
+    let spend_fit = prediction(&caller, &j).map(|_| rules.budgets.task_ttl);
     Ok(Admitted::Forward(
         Arc::new(Admission {
             request_id: ctx.request_id.clone(),
@@ -243,13 +244,15 @@ pub async fn admit(
     ))
 }
 
-/// A model call of a task whose spend the watchdog predicts: each settled
-/// step's cost feeds the task's fit for as long as its budget lasts.
-fn spend_fit(caller: &Caller<'_>, j: &Judged) -> Option<Duration> {
-    let rules = caller.rules();
+/// The spend prediction a call takes part in: a model call of a task
+/// whose agent predicts spend, with the agent's forecast and the task's
+/// money budget (micro-dollars). Admission judges the prediction; each
+/// settled step's cost then feeds the task's fit.
+fn prediction<'c>(caller: &Caller<'c>, j: &Judged) -> Option<(&'c Forecast, u64)> {
+    caller.task?;
     let wd = caller.cfg.guards[caller.agent_idx].watchdog.as_ref()?;
-    let on = wd.predict.is_some() && rules.budgets.task_usd.is_some();
-    (on && j.task_budget && caller.task.is_some()).then_some(rules.budgets.task_ttl)
+    let budget = caller.cfg.agents[caller.agent_idx].budgets.task_usd;
+    Some((wd.predict.as_ref()?, budget.filter(|_| j.task_budget)?))
 }
 
 /// The agent's share of the memory bodies are read into: bodies beyond
@@ -350,9 +353,7 @@ async fn task_guards(
             context: j.context_share,
             predicted: None,
         };
-        // Predicted against the task's money budget, for model calls.
-        let budget = rules.budgets.task_usd.filter(|_| j.task_budget);
-        if let (Some(f), Some(budget)) = (&wd.predict, budget) {
+        if let Some((f, budget)) = prediction(caller, j) {
             let predicted = fail.tolerate(guards::forecast(env, &key, budget, f).await)?;
             seen.predicted = predicted.flatten().map(|p| (p, budget));
             out.predicted_usd = seen.predicted.map(|(p, _)| p.predicted as f64 / 1e6);

@@ -112,6 +112,15 @@ impl Admission {
         }
     }
 
+    /// What `usage` cost, in micro-dollars, at the price of the target
+    /// `served` (the provider that answered): what the money budgets
+    /// settle and the spend prediction fits. `None` without a price.
+    pub fn cost_micros(&self, served: &str, usage: &Usage) -> Option<u64> {
+        let m = self.model()?;
+        let price = self.route.price_of(served, &m.model)?;
+        Some(price.cost_micros(usage))
+    }
+
     pub fn model(&self) -> Option<&ModelPlan> {
         match &self.plan {
             Plan::Model(m) => Some(m),

@@ -112,18 +112,21 @@ async fn step_record<T, V>(
     step: impl FnMut(Option<T>, Duration) -> (Option<Vec<u8>>, V),
 ) -> Result<V, GatewayError> {
     let stepped = loopgate_policy::step_record(env.store, env.clock, key, ttl, decode, step).await;
-    stepped.map_err(|e| {
-        GatewayError::Denied(match e {
-            StepError::Store(e) => Deny::new(
-                DenyCode::StateUnavailable,
-                format!("{what} state unavailable: {}", e.0),
-            ),
-            StepError::Contended => Deny::new(
-                DenyCode::PolicyUnavailable,
-                format!("{what} state kept changing under this request"),
-            ),
-        })
+    stepped.map_err(|e| match e {
+        StepError::Store(e) => unavailable(what, e),
+        StepError::Contended => GatewayError::Denied(Deny::new(
+            DenyCode::PolicyUnavailable,
+            format!("{what} state kept changing under this request"),
+        )),
     })
+}
+
+/// A guard's record the store could not answer for.
+fn unavailable(what: &str, e: loopgate_policy::StoreError) -> GatewayError {
+    GatewayError::Denied(Deny::new(
+        DenyCode::StateUnavailable,
+        format!("{what} state unavailable: {}", e.0),
+    ))
 }
 
 /// The store key of a task's failure streak with a tool
@@ -167,14 +170,6 @@ pub async fn record_streak(
     step_record(env, "tool isolation", &key, ttl, Streak::decode, step).await
 }
 
-fn rank(l: Level) -> u8 {
-    match l {
-        Level::Green => 0,
-        Level::Yellow => 1,
-        Level::Red => 2,
-    }
-}
-
 /// A predicted overrun, for the log and the refusal.
 fn overrun(p: &Prediction, budget: u64) -> String {
     let usd = |micro: u64| micro as f64 / 1e6;
@@ -208,12 +203,7 @@ pub async fn forecast(
         .store
         .record_get(env.clock.now(), &spend_key(task_key))
         .await
-        .map_err(|e| {
-            GatewayError::Denied(Deny::new(
-                DenyCode::StateUnavailable,
-                format!("spend prediction state unavailable: {}", e.0),
-            ))
-        })?;
+        .map_err(|e| unavailable("spend prediction", e))?;
     let fit = rec.and_then(|(_, bytes)| SpendFit::decode(&bytes));
     Ok(fit.and_then(|fit| fit.predict(budget, f.horizon)))
 }
@@ -355,7 +345,7 @@ pub async fn watch(
         // The prediction raises the level to yellow (or red when the
         // agent acts on it); a level already higher stays.
         let by_prediction = if f.act { Level::Red } else { Level::Yellow };
-        if rank(by_prediction) > rank(at) {
+        if by_prediction > at {
             (at, reason) = (by_prediction, why);
         }
     }

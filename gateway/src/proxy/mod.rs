@@ -322,7 +322,8 @@ impl ProxyHttp for Gateway {
                 upstream_status: ctx.upstream_status,
                 sent: ctx.upstream_first_at.is_some(),
                 elapsed: ctx.started.elapsed(),
-                cost_usd: ctx.cost().map(|(_, usd)| usd),
+                usage: ctx.usage(),
+                served_by: ctx.served_by.as_deref(),
             };
             ctx.features.done(&self.env(), &adm, &end).await;
         }

@@ -174,7 +174,5 @@ fn spent_micros(ctx: &RequestCtx, usage: &loopgate_policy::Usage) -> u64 {
     let (Some(adm), Some(served)) = (ctx.admitted.as_deref(), ctx.served_by.as_deref()) else {
         return 0;
     };
-    adm.model()
-        .and_then(|m| adm.route.price_of(served, &m.model))
-        .map_or(0, |p| p.cost_micros(usage))
+    adm.cost_micros(served, usage).unwrap_or(0)
 }

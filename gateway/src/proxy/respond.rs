@@ -71,22 +71,28 @@ pub async fn write_error(session: &mut Session, ctx: &mut RequestCtx, e: &Gatewa
 /// retrying into a wall. The response carries `x-loopgate-error: <code>`,
 /// so an agent can tell a gateway decision from a provider's own error.
 pub fn render_json(e: &GatewayError, request_id: &str, tool_call: bool) -> Vec<u8> {
-    let mut v = serde_json::json!({
-        "error": {
-            "type": e.error_type(),
-            "code": e.code(),
-            "message": e.message(),
-            "request_id": request_id,
-            "retryable": e.retryable(),
-        }
-    });
+    let mut error = error_object(e, e.error_type(), request_id);
     if tool_call {
-        v["error"]["upstream_failed"] = serde_json::Value::Bool(e.upstream_failed());
+        error["upstream_failed"] = serde_json::Value::Bool(e.upstream_failed());
     }
+    serde_json::to_vec(&serde_json::json!({ "error": error })).unwrap_or_default()
+}
+
+/// The error object both JSON shapes carry: `type` (the shape's own),
+/// Loopgate's `code`, `message`, `request_id`, `retryable`, and a money
+/// refusal's `budget`.
+fn error_object(e: &GatewayError, kind: &str, request_id: &str) -> serde_json::Value {
+    let mut error = serde_json::json!({
+        "type": kind,
+        "code": e.code(),
+        "message": e.message(),
+        "request_id": request_id,
+        "retryable": e.retryable(),
+    });
     if let Some(b) = budget_json(e) {
-        v["error"]["budget"] = b;
+        error["budget"] = b;
     }
-    serde_json::to_vec(&v).unwrap_or_default()
+    error
 }
 
 /// The Anthropic-shaped error body for a Messages call, with the same
@@ -95,20 +101,8 @@ pub fn render_json(e: &GatewayError, request_id: &str, tool_call: bool) -> Vec<u
 /// `error.type` is the one Anthropic documents for the status, which its
 /// SDKs and agents branch on.
 pub fn render_anthropic(e: &GatewayError, request_id: &str) -> Vec<u8> {
-    let mut v = serde_json::json!({
-        "type": "error",
-        "error": {
-            "type": anthropic_error_type(e.status()),
-            "code": e.code(),
-            "message": e.message(),
-            "request_id": request_id,
-            "retryable": e.retryable(),
-        }
-    });
-    if let Some(b) = budget_json(e) {
-        v["error"]["budget"] = b;
-    }
-    serde_json::to_vec(&v).unwrap_or_default()
+    let error = error_object(e, anthropic_error_type(e.status()), request_id);
+    serde_json::to_vec(&serde_json::json!({ "type": "error", "error": error })).unwrap_or_default()
 }
 
 /// Anthropic's error type for an HTTP status.

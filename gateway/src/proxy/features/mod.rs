@@ -27,8 +27,9 @@ pub struct End<'a> {
     pub sent: bool,
     /// The whole request, as the agent saw it.
     pub elapsed: Duration,
-    /// What the answer cost in dollars, when its usage and price are known.
-    pub cost_usd: Option<f64>,
+    /// The usage the provider reported, and which provider answered.
+    pub usage: Option<loopgate_policy::Usage>,
+    pub served_by: Option<&'a str>,
 }
 
 /// One exchange feature. Every phase has a default that does nothing.

@@ -19,12 +19,15 @@ impl Feature for SpendFit {
         Some(SpendFit { key, ttl })
     }
 
-    async fn done(&mut self, env: &Env<'_>, _adm: &Admission, end: &End<'_>) {
+    async fn done(&mut self, env: &Env<'_>, adm: &Admission, end: &End<'_>) {
         // A step without a known cost (no usage, refused upstream) is not
-        // a step of the fit: it would read as a free one.
-        if let Some(usd) = end.cost_usd {
-            let micro = (usd * 1e6).round() as u64;
-            guards::record_spend(env, &self.key, self.ttl, micro).await;
+        // a step of the fit: it would read as a free one. The cost is the
+        // one the money budgets settle, in the same micro-dollars.
+        let (Some(usage), Some(served)) = (end.usage, end.served_by) else {
+            return;
+        };
+        if let Some(micros) = adm.cost_micros(served, &usage) {
+            guards::record_spend(env, &self.key, self.ttl, micros).await;
         }
     }
 }
