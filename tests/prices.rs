@@ -1,7 +1,8 @@
 //! What each answer cost: the built-in price catalog and the config's
 //! prices, applied to the usage the mock reports (cached tokens included),
-//! in the access log and `loopgate_cost_usd_total`, checked to the cent
-//! against a table computed by hand.
+//! in the access log, `loopgate_cost_usd_total` and a non-streamed
+//! answer's `x-loopgate-cost-usd`, checked to the cent against a table
+//! computed by hand.
 
 use loopgate_tests::*;
 use serde_json::Value;
@@ -12,6 +13,7 @@ fn config(mock: &Mock, dir: &std::path::Path) -> String {
 listen: 127.0.0.1:{{PORT}}
 access_log: {{ path: "{log}" }}
 threads: 2
+cost_header: true
 providers:
   oa:
     kind: openai_compatible
@@ -57,6 +59,8 @@ struct Case {
     written: u64,
     completion: u64,
     usd: Option<f64>,
+    /// `x-loopgate-cost-usd` exactly as sent (non-streamed, priced).
+    header: Option<&'static str>,
 }
 
 /// USD per million tokens from `gateway/data/prices.yaml`:
@@ -73,6 +77,7 @@ const CASES: &[Case] = &[
         written: 0,
         completion: 2_000,
         usd: Some(0.77),
+        header: Some("0.77"),
     },
     // Anthropic reports input_tokens = 500k - 300k - 100k = 100k:
     // 100k * 3.00 + 300k * 0.30 + 100k * 3.75 + 1k * 15 = 0.30 + 0.09 + 0.375 + 0.015
@@ -85,6 +90,7 @@ const CASES: &[Case] = &[
         written: 100_000,
         completion: 1_000,
         usd: Some(0.78),
+        header: Some("0.78"),
     },
     // 80k * 2.50 + 40k * 1.25 + 1k * 10 = 0.20 + 0.05 + 0.01
     Case {
@@ -96,6 +102,7 @@ const CASES: &[Case] = &[
         written: 0,
         completion: 1_000,
         usd: Some(0.26),
+        header: None,
     },
     // 100k * 3.00 + 100k * 0.30 + 2k * 15 = 0.30 + 0.03 + 0.03
     Case {
@@ -107,6 +114,7 @@ const CASES: &[Case] = &[
         written: 0,
         completion: 2_000,
         usd: Some(0.36),
+        header: None,
     },
     // The local provider's own price: nothing.
     Case {
@@ -118,6 +126,7 @@ const CASES: &[Case] = &[
         written: 0,
         completion: 500,
         usd: Some(0.0),
+        header: Some("0"),
     },
     // Routed, but no price anywhere: no cost.
     Case {
@@ -129,6 +138,7 @@ const CASES: &[Case] = &[
         written: 0,
         completion: 500,
         usd: None,
+        header: None,
     },
 ];
 
@@ -172,9 +182,14 @@ fn every_answer_costs_what_the_hand_computed_table_says() {
     for c in CASES {
         let r = call(&gw, c);
         assert_eq!(r.status, 200, "{}: {}", c.name, r.text());
-        // The gateway streams every answer: the cost is known only after
-        // the header left, so no answer carries it (README: Prices).
-        assert_eq!(r.header("x-loopgate-cost-usd"), None, "{}", c.name);
+        // A non-streamed priced answer is held until its usage is read and
+        // says its exact cost; a stream's usage comes after its header
+        // left, and an unpriced model has no cost (README: Prices).
+        assert_eq!(r.header("x-loopgate-cost-usd"), c.header, "{}", c.name);
+        if c.header.is_some() {
+            let usage = &r.json()["usage"];
+            assert!(usage.is_object(), "{}: {}", c.name, r.text());
+        }
     }
     let path = dir.join("access.log");
     assert!(eventually(5, || std::fs::read_to_string(&path)
@@ -395,4 +410,129 @@ fn a_task_whose_prompt_fills_its_window_is_warned_then_stopped() {
         .to_string(),
     ]);
     assert_eq!((r.status, r.header("x-loopgate-guard")), (200, None));
+}
+
+fn held_config(mock: &Mock, extra: &str, listen: &str) -> String {
+    format!(
+        r#"
+listen: {listen}
+threads: 2
+{extra}
+providers:
+  oa: {{ kind: openai_compatible, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
+routes:
+  - models: [gpt-4o]
+    targets: [ {{ provider: oa }} ]
+  - models: [claude-via-oa]
+    targets: [ {{ provider: oa, model: gpt-4o }} ]
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: ["*"]
+"#,
+        mock = mock.url(),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+    )
+}
+
+const PLAIN_LISTEN: &str = "127.0.0.1:{PORT}";
+
+fn post_held(gw: &Gateway, path: &str, body: &str, extra: &[&str]) -> Resp {
+    let key = if path == "/v1/messages" {
+        format!("x-api-key: {AGENT_KEY}")
+    } else {
+        auth(AGENT_KEY)
+    };
+    let url = gw.url(path);
+    let mut args = vec![url.as_str(), "-H", key.as_str()];
+    args.extend(["-H", "x-mock-prompt-tokens: 1000"]);
+    for x in extra {
+        args.extend(["-H", x]);
+    }
+    curl_body(&args, body.as_bytes())
+}
+
+#[test]
+fn held_answers_carry_their_cost_whatever_their_path() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&held_config(&mock, "cost_header: true", PLAIN_LISTEN));
+    // gpt-4o at 2.50 in / 10.00 out per million, 1,000 prompt tokens:
+    // with 30 completion tokens 0.0025 + 0.0003.
+    let small = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_held(&gw, "/v1/chat/completions", small, &["x-mock-chunks: 30"]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-cost-usd"), Some("0.0028"));
+    assert_eq!(r.json()["usage"]["completion_tokens"], 30);
+
+    // A body past Pingora's 64 KiB replay buffer takes the large-body
+    // route: its answer is held the same way, and the body arrives whole.
+    let big = serde_json::json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "lorem ipsum ".repeat(20_000)}]})
+    .to_string();
+    assert!(big.len() > 200 * 1024);
+    let r = post_held(&gw, "/v1/chat/completions", &big, &["x-mock-chunks: 7"]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-cost-usd"), Some("0.00257"));
+    assert_eq!(mock.last_request()["body_len"], big.len());
+
+    // An Anthropic-SDK call answered by the OpenAI-shaped provider: the
+    // translated answer is priced as what answered it (gpt-4o).
+    let msg =
+        r#"{"model":"claude-via-oa","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_held(&gw, "/v1/messages", msg, &["x-mock-chunks: 12"]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["type"], "message", "{}", r.text());
+    assert_eq!(r.header("x-loopgate-cost-usd"), Some("0.00262"));
+
+    // An upstream error reports no usage: relayed whole, with no cost.
+    let r = post_held(&gw, "/v1/chat/completions", small, &["x-mock-status: 500"]);
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.json()["error"].is_object(), "{}", r.text());
+    assert_eq!(r.header("x-loopgate-cost-usd"), None);
+
+    // A streamed answer's usage comes last: no header, the stream as it
+    // arrives.
+    let stream = r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_held(&gw, "/v1/chat/completions", stream, &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-loopgate-cost-usd"), None);
+    assert!(r.text().ends_with("data: [DONE]\n\n"), "{}", r.text());
+}
+
+#[test]
+fn an_answer_the_memory_budget_cannot_hold_passes_whole_without_its_cost() {
+    let mock = Mock::start();
+    // 256 KiB for every body the gateway holds: a ~600 KB answer does not
+    // fit, so it is released and relayed as it arrives.
+    let listen = "{ address: \"127.0.0.1:{PORT}\", connections: { body_memory_bytes: 262144 } }";
+    let gw = Gateway::start(&held_config(&mock, "cost_header: true", listen));
+    let small = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_held(
+        &gw,
+        "/v1/chat/completions",
+        small,
+        &["x-mock-chunks: 100000"],
+    );
+    assert_eq!(r.status, 200, "{}", &r.text()[..200.min(r.text().len())]);
+    assert!(r.body.len() > 400 * 1024, "{}", r.body.len());
+    let v = r.json();
+    assert_eq!(v["usage"]["completion_tokens"], 100_000);
+    assert!(v["choices"][0]["message"]["content"]
+        .as_str()
+        .is_some_and(|t| t.starts_with("Hello from the")));
+    assert_eq!(r.header("x-loopgate-cost-usd"), None);
+    // The charge was given back: a small answer is held again.
+    let r = post_held(&gw, "/v1/chat/completions", small, &["x-mock-chunks: 30"]);
+    assert_eq!(r.header("x-loopgate-cost-usd"), Some("0.0028"));
+}
+
+#[test]
+fn by_default_answers_are_relayed_as_they_arrive_without_their_cost() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&held_config(&mock, "", PLAIN_LISTEN));
+    let small = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_held(&gw, "/v1/chat/completions", small, &["x-mock-chunks: 30"]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-cost-usd"), None);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 30);
 }

@@ -36,14 +36,18 @@ impl Price {
     /// The cost of `u` in micro-dollars, rounded up: what a money budget
     /// is charged (see [`micros`]).
     pub fn cost_micros(&self, u: &Usage) -> u64 {
+        micros(self.cost_picos(u))
+    }
+
+    /// The exact cost of `u` in pico-dollars (prices are whole pico-dollars
+    /// per token, see [`picos`]): what [`usd_exact`] writes out.
+    pub fn cost_picos(&self, u: &Usage) -> u128 {
         let full = u.input_tokens.saturating_sub(u.cached_input_tokens);
         let cached = u.cached_input_tokens.saturating_add(u.cache_read_tokens);
-        micros(
-            picos(self.input) * u128::from(full)
-                + picos(self.cache_read) * u128::from(cached)
-                + picos(self.cache_write) * u128::from(u.cache_write_tokens)
-                + picos(self.output) * u128::from(u.output_tokens),
-        )
+        picos(self.input) * u128::from(full)
+            + picos(self.cache_read) * u128::from(cached)
+            + picos(self.cache_write) * u128::from(u.cache_write_tokens)
+            + picos(self.output) * u128::from(u.output_tokens)
     }
 
     /// What a call is reserved before it runs, in micro-dollars (rounded
@@ -94,6 +98,19 @@ fn picos(price: f64) -> u128 {
 /// Pico-dollars to micro-dollars, rounded up (never charged less).
 fn micros(picos: u128) -> u64 {
     u64::try_from(picos.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// Pico-dollars as a decimal number of dollars, exact and without trailing
+/// zeros (`19350000` -> `0.00001935`, `0` -> `0`): a cost as a header
+/// carries it, with no float rounding on the way.
+pub fn usd_exact(picos: u128) -> String {
+    const PER_DOLLAR: u128 = 1_000_000_000_000;
+    let (whole, frac) = (picos / PER_DOLLAR, picos % PER_DOLLAR);
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let digits = format!("{frac:012}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
 }
 
 /// Dollars as micro-dollars, rounded to the nearest (a budget as written).
@@ -206,6 +223,28 @@ mod tests {
             (dear.input, dear.output, dear.cache_write),
             (3.0, 0.6, 3.75)
         );
+    }
+
+    #[test]
+    fn exact_dollars_have_no_float_rounding() {
+        // gpt-4o-mini, 35 in and 8 out: 35 * 0.15 + 8 * 0.6 = 10.05 micro.
+        let p = Price {
+            input: 0.15,
+            output: 0.6,
+            ..Price::default()
+        };
+        let u = Usage {
+            input_tokens: 35,
+            output_tokens: 8,
+            ..Usage::default()
+        };
+        assert_eq!(p.cost_picos(&u), 10_050_000);
+        assert_eq!(usd_exact(p.cost_picos(&u)), "0.00001005");
+        assert_eq!(p.cost_micros(&u), 11);
+        assert_eq!(usd_exact(0), "0");
+        assert_eq!(usd_exact(780_000_000_000), "0.78");
+        assert_eq!(usd_exact(2_000_000_000_001), "2.000000000001");
+        assert_eq!(usd_exact(3_000_000_000_000), "3");
     }
 
     #[test]

@@ -119,6 +119,11 @@ impl Route {
         self.target_price(i, model)
     }
 
+    /// Whether some target has a price for `model` (the agent's name).
+    pub fn priced(&self, model: &str) -> bool {
+        (0..self.targets.len()).any(|i| self.target_price(i, model).is_some())
+    }
+
     /// What a call for `model` costs at most, whichever target serves it:
     /// every target's price, field by field the dearest. `Err` names the
     /// first model (as sent) without a price.

@@ -52,6 +52,9 @@ pub struct Config {
     /// What a money budget does with a model without a price
     /// (`on_unknown_price`, default `deny`).
     pub on_unknown_price: super::spec::UnknownPrice,
+    /// Priced non-streamed answers carry `x-loopgate-cost-usd`
+    /// (`cost_header`, default `false`).
+    pub cost_header: bool,
     pub agents: Vec<Arc<AgentRules>>,
     /// Loop guard and watchdog per agent, indexed like `agents`.
     pub guards: Vec<Guards>,
@@ -206,6 +209,7 @@ impl Config {
                     super::spec::UnknownPrice::Deny => "deny",
                     super::spec::UnknownPrice::Zero => "zero",
                 },
+                "cost_header": self.cost_header,
             },
             "agents": agents,
         })
@@ -351,6 +355,7 @@ pub fn build(
         providers,
         routes,
         on_unknown_price,
+        cost_header: spec.cost_header.unwrap_or(false),
         agents,
         guards,
         forward_headers,

@@ -33,6 +33,12 @@ pub struct ConfigSpec {
     /// `zero` (count it as free).
     #[serde(default)]
     pub on_unknown_price: Option<UnknownPrice>,
+    /// Whether a priced model's non-streamed answer carries
+    /// `x-loopgate-cost-usd` (default `false`): the answer is then held
+    /// whole until its usage is read, through a subrequest (see
+    /// `proxy::large_body`), which costs about a third more CPU per call.
+    #[serde(default)]
+    pub cost_header: Option<bool>,
     /// HTTP tool upstreams, served at `/tools/{tool}/{path}`.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolSpec>,

@@ -273,6 +273,18 @@ impl RequestCtx {
             .cost(served, &m.model, adm.route_name.as_ref(), &usage)
     }
 
+    /// What the answer cost exactly, in pico-dollars, at the price of the
+    /// provider that answered: what `x-loopgate-cost-usd` says.
+    pub fn cost_picos(&self) -> Option<u128> {
+        let (usage, adm, served) = (
+            self.usage()?,
+            self.admitted.as_deref()?,
+            self.served_by.as_deref()?,
+        );
+        let m = adm.model()?;
+        Some(adm.route.price_of(served, &m.model)?.cost_picos(&usage))
+    }
+
     /// This context talked to the upstream itself (not its subrequest).
     pub fn talks_upstream(&self) -> bool {
         !matches!(self.role, Role::Forwarded)

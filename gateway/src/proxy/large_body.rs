@@ -10,18 +10,30 @@
 //! judged bytes on every attempt, and reports what it learned back
 //! ([`report`]); its response is piped back unchanged. The split keeps the
 //! common small request on the cheaper path.
+//!
+//! The same route holds an answer whole when its header must say what only
+//! its end tells: a priced model's non-streamed answer reports its usage
+//! last, after Pingora's own path has sent the header, so such a call goes
+//! through a subrequest too and its main request holds the piped answer
+//! ([`HeldAnswer`]) until the usage is known, then writes it with
+//! `x-loopgate-cost-usd` (`cost_header: true`; off by default, because a
+//! second pass through Pingora's proxy costs about a third more CPU per
+//! call: `benches/instructions`, small JSON 155k -> 210k instructions).
 
+use super::buffers::BodyIntake;
 use super::ctx::{Admission, RequestCtx, Role, SubReport};
 use super::failure::map_transport_error;
 use super::respond;
+use crate::config::Config;
 use crate::error::GatewayError;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use pingora_core::protocols::http::HttpTask;
 use pingora_proxy::subrequest::pipe::{
     pipe_subrequest, InputBody, InputBodyType, PipeSubrequestError,
 };
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubrequestCtx};
 use pingora_proxy::Session;
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -44,13 +56,30 @@ pub fn needed(session: &Session, adm: &Admission, body: &Bytes) -> bool {
         && (body.len() > RETRY_BUFFER_LIMIT || session.downstream_session.retry_buffer_truncated())
 }
 
+/// Answers held whole for their cost header are at most this big; a
+/// larger one (a big batch of embeddings) is released and passes as it
+/// arrives, without the header.
+pub const HOLD_LIMIT: u64 = 4 * 1024 * 1024;
+
+/// Whether this admitted call's answer is held for its cost header: a
+/// non-streamed model call that some target of its route prices, under
+/// `cost_header` (a streamed one carries its usage in its last events).
+pub fn holds_answer(cfg: &Config, adm: &Admission) -> bool {
+    cfg.cost_header
+        && adm.body_read
+        && adm
+            .model()
+            .is_some_and(|m| !m.stream && adm.route.priced(&m.model))
+}
+
 /// Forwards `body` through a subrequest (see the module docs) and takes
-/// over what it reports.
+/// over what it reports; with `hold`, holds the answer for its cost.
 pub async fn forward(
     session: &mut Session,
     ctx: &mut RequestCtx,
     admission: Arc<Admission>,
     body: Bytes,
+    hold: bool,
 ) -> Result<(), GatewayError> {
     let spawner = session
         .subrequest_spawner
@@ -77,11 +106,13 @@ pub async fn forward(
         .build();
     let (prepared, handle) = spawner.create_subrequest(session.as_downstream(), sub_ctx);
     ctx.role = Role::Forwarded;
+    let mut held = HeldAnswer::new(hold);
+    let intake = &mut ctx.intake;
     let piped = pipe_subrequest(
         session,
         prepared,
         handle,
-        |task| Ok(Some(task)),
+        |task| Ok(held.take(task, intake)),
         InputBodyType::Preset(InputBody::NoBody),
     )
     .await;
@@ -115,10 +146,131 @@ pub async fn forward(
             ctx.upstream_done_at = Some(Instant::now());
         }
     }
+    let cost = held.holding.then(|| ctx.cost_picos()).flatten();
+    let tasks = held.finish(cost, &mut ctx.intake);
     match failed {
-        None => Ok(()),
-        Some(err) => settle_failure(session, err, &ctx.request_id, ctx.served_by.as_deref()).await,
+        None => {
+            if !tasks.is_empty() {
+                if let Err(e) = session.write_response_tasks(tasks).await {
+                    log::debug!(
+                        "request {}: could not write the answer: {e}",
+                        ctx.request_id
+                    );
+                }
+            }
+            Ok(())
+        }
+        Some(err) => {
+            let served = ctx.served_by.as_deref();
+            settle_failure(session, err, tasks, &ctx.request_id, served).await
+        }
     }
+}
+
+/// A piped answer held whole (see the module docs), or passed on as it
+/// arrives. Held bytes are charged to the request's body memory; past
+/// [`HOLD_LIMIT`], or when the charge is refused, the answer is released:
+/// what was held goes first and the rest follows as it comes, so nothing
+/// is lost and nothing is refused for the sake of a header.
+struct HeldAnswer {
+    holding: bool,
+    /// Tasks taken from the pipe and not yet passed on, in order.
+    queue: VecDeque<HttpTask>,
+    /// Body bytes held (and charged).
+    bytes: u64,
+}
+
+impl HeldAnswer {
+    fn new(hold: bool) -> Self {
+        HeldAnswer {
+            holding: hold,
+            queue: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The pipe's filter: the task to write now, if any. The pipe writes
+    /// at most one per task it takes, so after a release the queue drains
+    /// by merging body pieces; [`HeldAnswer::finish`] gives what is left.
+    fn take(&mut self, task: HttpTask, intake: &mut BodyIntake) -> Option<HttpTask> {
+        if self.holding {
+            let n = body_len(&task);
+            if self.bytes + n <= HOLD_LIMIT && intake.grow(n).is_ok() {
+                self.bytes += n;
+                self.queue.push_back(task);
+                return None;
+            }
+            self.holding = false;
+            self.queue = coalesce(std::mem::take(&mut self.queue));
+        }
+        if self.queue.is_empty() {
+            return Some(task);
+        }
+        self.queue.push_back(task);
+        if let (Some(HttpTask::Body(_, false)), Some(HttpTask::Body(..))) =
+            (self.queue.front(), self.queue.get(1))
+        {
+            let (Some(a), Some(b)) = (self.queue.pop_front(), self.queue.pop_front()) else {
+                return None;
+            };
+            let merged = coalesce(VecDeque::from([a, b]));
+            self.queue = merged.into_iter().chain(self.queue.drain(..)).collect();
+        }
+        self.queue.pop_front()
+    }
+
+    /// What is left to write once the pipe is done; a still held answer
+    /// gets its `cost` (pico-dollars) on its header. Gives the charge back.
+    fn finish(&mut self, cost: Option<u128>, intake: &mut BodyIntake) -> Vec<HttpTask> {
+        intake.shrink(self.bytes);
+        self.bytes = 0;
+        let mut tasks = coalesce(std::mem::take(&mut self.queue));
+        if let (Some(picos), Some(HttpTask::Header(head, _))) = (cost, tasks.front_mut()) {
+            let usd = loopgate_policy::price::usd_exact(picos);
+            if let Err(e) = head.insert_header(respond::COST_HEADER, usd) {
+                log::debug!("cost header: {e}");
+            }
+        }
+        tasks.into()
+    }
+}
+
+fn body_len(task: &HttpTask) -> u64 {
+    match task {
+        HttpTask::Body(Some(b), _) | HttpTask::UpgradedBody(Some(b), _) => b.len() as u64,
+        _ => 0,
+    }
+}
+
+/// `tasks` with each run of body pieces merged into one (the run ends
+/// where a piece ends the body).
+fn coalesce(tasks: VecDeque<HttpTask>) -> VecDeque<HttpTask> {
+    let mut out = VecDeque::with_capacity(tasks.len());
+    let mut run: Option<(BytesMut, bool)> = None;
+    for t in tasks {
+        match t {
+            HttpTask::Body(data, end) => {
+                let (buf, _) = run.get_or_insert_with(|| (BytesMut::new(), false));
+                if let Some(d) = data {
+                    buf.extend_from_slice(&d);
+                }
+                if end {
+                    let (buf, _) = run.take().unwrap_or_default();
+                    out.push_back(HttpTask::Body(Some(buf.freeze()), true));
+                }
+            }
+            other => {
+                if let Some((buf, end)) = run.take() {
+                    out.push_back(HttpTask::Body(Some(buf.freeze()), end));
+                }
+                out.push_back(other);
+            }
+        }
+    }
+    if let Some((buf, end)) = run.take() {
+        out.push_back(HttpTask::Body(Some(buf.freeze()), end));
+    }
+    out
 }
 
 /// A pipe that ended in an error. The subrequest answers its own failures
@@ -131,10 +283,12 @@ pub async fn forward(
 async fn settle_failure(
     session: &mut Session,
     mut err: PipeSubrequestError,
+    held: Vec<HttpTask>,
     request_id: &str,
     served_by: Option<&str>,
 ) -> Result<(), GatewayError> {
-    let mut left = Vec::new();
+    // What was held came first.
+    let mut left = held;
     if err.from_subreq {
         if let Some(rx) = err.state.pipe_rx.as_mut() {
             while let Ok(task) = rx.try_recv() {
@@ -284,7 +438,9 @@ mod tests {
             HttpTask::Header(Box::new(head), false),
             HttpTask::Body(Some(Bytes::from_static(body)), true),
         ]);
-        assert!(settle_failure(&mut session, err, "r", None).await.is_ok());
+        assert!(settle_failure(&mut session, err, Vec::new(), "r", None)
+            .await
+            .is_ok());
         drop(session);
         let mut seen = Vec::new();
         client.read_to_end(&mut seen).await.unwrap();
@@ -297,10 +453,110 @@ mod tests {
         assert!(seen.ends_with(std::str::from_utf8(body).unwrap()), "{seen}");
     }
 
+    fn head() -> HttpTask {
+        HttpTask::Header(Box::new(ResponseHeader::build(200, None).unwrap()), false)
+    }
+
+    fn piece(s: &'static str, end: bool) -> HttpTask {
+        HttpTask::Body(Some(Bytes::from_static(s.as_bytes())), end)
+    }
+
+    /// The body bytes of `tasks`, in order, and whether the last ends it.
+    fn bytes_of(tasks: &[HttpTask]) -> (String, bool) {
+        let mut text = String::new();
+        let mut end = false;
+        for t in tasks {
+            match t {
+                HttpTask::Body(b, e) => {
+                    text.push_str(std::str::from_utf8(b.as_deref().unwrap_or(b"")).unwrap());
+                    end = *e;
+                }
+                HttpTask::Done => end = true,
+                _ => {}
+            }
+        }
+        (text, end)
+    }
+
+    #[test]
+    fn a_held_answer_is_written_whole_with_its_cost() {
+        let mut intake = BodyIntake::default();
+        let mut held = HeldAnswer::new(true);
+        for t in [
+            head(),
+            piece("{\"a\":", false),
+            piece("1}", false),
+            piece("", true),
+        ] {
+            assert!(held.take(t, &mut intake).is_none());
+        }
+        let tasks = held.finish(Some(2_800_000_000), &mut intake);
+        assert_eq!(tasks.len(), 2);
+        let HttpTask::Header(h, _) = &tasks[0] else {
+            panic!("header first")
+        };
+        assert_eq!(h.headers.get(respond::COST_HEADER).unwrap(), "0.0028");
+        assert_eq!(bytes_of(&tasks), ("{\"a\":1}".to_string(), true));
+    }
+
+    #[test]
+    fn a_released_answer_keeps_every_byte_in_order() {
+        let mut intake = BodyIntake::default();
+        let mut held = HeldAnswer::new(true);
+        let mut out = Vec::new();
+        let big = "x".repeat(HOLD_LIMIT as usize);
+        let big: &'static str = Box::leak(big.into_boxed_str());
+        let input = [
+            head(),
+            piece("ab", false),
+            piece(big, false),
+            piece("cd", false),
+        ];
+        for t in input {
+            out.extend(held.take(t, &mut intake));
+        }
+        // Released at the piece that did not fit: the header went out.
+        assert!(!held.holding);
+        assert!(matches!(out.first(), Some(HttpTask::Header(..))));
+        for t in [piece("ef", false), piece("", true), HttpTask::Done] {
+            out.extend(held.take(t, &mut intake));
+        }
+        let rest = held.finish(Some(1), &mut intake);
+        let HttpTask::Header(h, _) = &out[0] else {
+            panic!()
+        };
+        assert!(h.headers.get(respond::COST_HEADER).is_none());
+        out.extend(rest);
+        let (text, end) = bytes_of(&out);
+        assert_eq!(text, format!("ab{big}cdef"));
+        assert!(end);
+        assert_eq!(
+            out.iter()
+                .filter(|t| matches!(t, HttpTask::Header(..)))
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn an_answer_not_held_passes_straight_through() {
+        let mut intake = BodyIntake::default();
+        let mut held = HeldAnswer::new(false);
+        assert!(matches!(
+            held.take(head(), &mut intake),
+            Some(HttpTask::Header(..))
+        ));
+        assert!(matches!(
+            held.take(piece("x", true), &mut intake),
+            Some(HttpTask::Body(..))
+        ));
+        assert!(held.finish(Some(5), &mut intake).is_empty());
+    }
+
     #[tokio::test]
     async fn with_nothing_in_the_pipe_the_failure_is_its_own_answer() {
         let (mut session, _client) = session().await;
-        let answer = settle_failure(&mut session, failure(vec![]), "r", None).await;
+        let answer = settle_failure(&mut session, failure(vec![]), Vec::new(), "r", None).await;
         let e = answer.unwrap_err();
         assert_eq!(e.code(), "circuit_open");
         assert_eq!(e.status(), 503);

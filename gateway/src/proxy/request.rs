@@ -128,8 +128,9 @@ impl Gateway {
             ctx.original_body = Some(body.clone());
         }
         ctx.admitted = Some(adm.clone());
-        if large_body::needed(session, &adm, &body) {
-            large_body::forward(session, ctx, adm, body).await?;
+        let hold = large_body::holds_answer(&cfg, &adm);
+        if hold || large_body::needed(session, &adm, &body) {
+            large_body::forward(session, ctx, adm, body, hold).await?;
             return Ok(true);
         }
         if !adm.body_read {

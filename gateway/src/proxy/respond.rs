@@ -18,6 +18,8 @@ pub const FALLBACK_HEADER: &str = "x-loopgate-fallback";
 pub const GUARD_HEADER: &str = "x-loopgate-guard";
 /// The task's predicted spend in dollars (watchdog spend prediction).
 pub const PREDICTED_HEADER: &str = "x-loopgate-predicted-usd";
+/// What a non-streamed answer cost, in exact dollars (`proxy::large_body`).
+pub const COST_HEADER: &str = "x-loopgate-cost-usd";
 pub const DEGRADED_HEADER: &str = "x-loopgate-degraded";
 /// Forwarded under `fail_mode: open`: why the gateway could not decide.
 pub const FAIL_OPEN_HEADER: &str = "x-loopgate-fail-open";
