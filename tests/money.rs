@@ -296,8 +296,17 @@ fn three_instances_on_one_redis_admit_exactly_what_the_money_pays_for() {
     exactly(&burst(&gws, 30, &[AGENT_KEY, MATE_KEY]), 4, "team_day");
     assert_eq!(mock.received() - before, 4);
     // The spend is the fleet's (9 x 1002 of the month, nothing
-    // refunded): a tenth call is refused on every instance, and each
-    // instance's /admin/spend reads the same numbers from Redis.
+    // refunded): every instance's gauge says so at its scrape, whichever
+    // admitted the last calls, a tenth call is refused on every instance,
+    // and each instance's /admin/spend reads the same numbers from Redis.
+    for gw in &gws {
+        let ratio = |scope: &str| {
+            gw.metric(&format!(
+                r#"loopgate_budget_used_ratio{{agent="solo",scope="{scope}"}}"#
+            ))
+        };
+        assert_eq!(ratio("month"), 9018.0 / 10_000.0);
+    }
     for gw in &gws {
         let r = spend(gw, SOLO_KEY, 1, 1, &[]);
         r.assert_gateway_error(402, "budget_exceeded");
@@ -442,11 +451,11 @@ fn admin_spend_and_the_used_ratio_gauge_show_spend_and_room() {
     // tester: 2000 + 200 of its $0.01 day and of team ops' $0.005.
     assert_eq!(spend(&gw, AGENT_KEY, 1000, 100, &[]).status, 200);
     assert_eq!(spend(&gw, AGENT_KEY, 100, 10, &[]).status, 200);
-    // As the gauge was last set, at the second call's admission: 2000
-    // spent and 1002 reserved.
+    // A scrape reads the store: 2000 + 200 spent, the reservations
+    // settled.
     assert_eq!(
         gw.metric(r#"loopgate_budget_used_ratio{agent="tester",scope="team_day"}"#),
-        3002.0 / 5000.0
+        2200.0 / 5000.0
     );
     // tasky: 102 in task t-1, 204 in t-2.
     for task in ["t-1", "t-2", "t-2"] {

@@ -176,7 +176,7 @@ impl Metrics {
                 &["agent"]
             )),
             budget_used: reg!(GaugeVec::new(
-                Opts::new("loopgate_budget_used_ratio", "Share of a money budget used (reservations included), by agent and scope: task (its most used open task), day, month, team_day, team_month. Set at each admission and each read of /admin/spend."),
+                Opts::new("loopgate_budget_used_ratio", "Share of a money budget used (reservations included), by agent and scope: task (its most used open task), day, month, team_day, team_month. Set at each admission, and from the state store (the fleet's spend) at each scrape and each read of /admin/spend."),
                 &["agent", "scope"]
             )),
             state_available: reg!(IntGauge::new(

@@ -219,6 +219,24 @@ impl Admin {
         bool::from(a.as_bytes().ct_eq(b.as_bytes()))
     }
 
+    /// Sets the money gauges (`loopgate_budget_used_ratio`) from the state
+    /// store before a scrape: with Redis that is the fleet's spend, so an
+    /// alert fires on every replica, not only on the ones that admitted
+    /// the last calls. One store round trip, bounded so a slow store
+    /// cannot hold the scrape; on failure the gauges keep their last value.
+    async fn refresh_spend_gauges(&self, cfg: &Config) {
+        if !cfg.agents.iter().any(|a| a.money_budgeted()) {
+            return;
+        }
+        let now = self.clock.now();
+        let read = crate::spend::report(cfg, &*self.store, &self.spend, &self.metrics, now);
+        match tokio::time::timeout(std::time::Duration::from_secs(1), read).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => log::debug!("spend gauges not refreshed: {e}"),
+            Err(_) => log::debug!("spend gauges not refreshed: the store took over 1 s"),
+        }
+    }
+
     fn breakers_json(&self) -> Option<serde_json::Value> {
         let snaps = self.breakers.snapshots(self.clock.now()).ok()?;
         Some(serde_json::json!({
@@ -295,6 +313,7 @@ impl ServeHttp for Admin {
                 }
             }
             ("/metrics", true, _) => {
+                self.refresh_spend_gauges(&cfg).await;
                 let body = self.metrics.render();
                 http::Response::builder()
                     .status(200)

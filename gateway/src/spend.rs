@@ -1,5 +1,6 @@
 //! Money spend as the state store holds it, for `GET /admin/spend` and the
-//! `loopgate_budget_used_ratio{agent, scope}` gauge: per agent its day and
+//! `loopgate_budget_used_ratio{agent, scope}` gauge (refreshed at each
+//! scrape of `/metrics`): per agent its day and
 //! month, per team, and per open task this instance knows of. Read from the
 //! store (with Redis: the fleet's spend, not this instance's), in one round
 //! trip. Never a secret nor prompt text: names from the config, task ids,
