@@ -304,10 +304,11 @@ for status, cls, ty in [("429", openai.RateLimitError, "rate_limit_error"),
         assert e.body["code"] == ("rate_limit_error" if status == "429" else "api_error"), e.body
         assert e.response.headers["content-type"].startswith("application/json"), e.response.headers
 
-# A stream cut mid-way (after the role chunk, in the text, in a call's
-# arguments) raises an APIError with an OpenAI-shaped body: never a hang,
-# never a completion handed over as if whole.
-for cut, text in [("1", "0"), ("4", "1"), ("3", "0"), ("8", "0")]:
+# A stream cut mid-way (before any block, in the text, before and inside
+# a call's arguments, between two calls) raises an APIError with an
+# OpenAI-shaped body: never a hang, never a completion handed over as if
+# whole.
+for cut, text in [("1", "0"), ("4", "1"), ("3", "0"), ("5", "0"), ("9", "0")]:
     got = []
     try:
         with oa_short.chat.completions.stream(
