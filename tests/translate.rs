@@ -16,8 +16,10 @@ listen: 127.0.0.1:{{PORT}}
 threads: 2
 access_log: {{ path: "{log}" }}
 providers:
-  oa: {{ kind: openai_compatible, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
-  an: {{ kind: anthropic, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
+  # The SDK script (sdk/families.py) fails these on purpose, many times
+  # in a row: their breakers must stay closed for the rest of it.
+  oa: {{ kind: openai_compatible, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY, breaker: {{ consecutive_failures: 100, min_requests: 1000 }} }}
+  an: {{ kind: anthropic, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY, breaker: {{ consecutive_failures: 100, min_requests: 1000 }} }}
   an_down: {{ kind: anthropic, base_url: "{down}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
   oa_down: {{ kind: openai, base_url: "{down}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
   local: {{ kind: openai_compatible, base_url: "{mock}" }}
@@ -382,6 +384,7 @@ fn official_sdks_read_translated_answers() {
         .arg(&script)
         .arg(format!("http://{}", s.gw.addr))
         .arg(AGENT_KEY)
+        .arg(s.mock.url())
         .output()
         .unwrap_or_else(|e| panic!("run {python}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);

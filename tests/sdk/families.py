@@ -1,17 +1,19 @@
 """The official SDKs against translated routes (issue 24).
 
-Usage: families.py GATEWAY_URL AGENT_KEY
-Routes (tests/translate.rs): claude-via-openai (an OpenAI-shaped
+Usage: families.py GATEWAY_URL AGENT_KEY MOCK_URL
+MOCK_URL is the provider mock behind the routes (its /_mock/requests
+shows what reached it). Routes (tests/translate.rs): claude-via-openai (an OpenAI-shaped
 provider), gpt-via-anthropic (an Anthropic provider), claude-fallback
 (Anthropic 503, OpenAI 503, then a local OpenAI-compatible server).
 """
 import json
 import sys
+import urllib.request
 
 import anthropic
 import openai
 
-base, key = sys.argv[1], sys.argv[2]
+base, key, mock = sys.argv[1], sys.argv[2], sys.argv[3]
 HELLO = "Hello from the Loopgate mock provider. "
 
 an = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0)
@@ -161,5 +163,167 @@ try:
 except openai.APIStatusError as e:
     assert e.status_code == 529, e
     assert e.body["code"] == "overloaded_error", e.body
+
+# ----- Parallel tool calls, both directions (the mock's x-mock-tool-calls) --
+
+def last_upstream_body():
+    with urllib.request.urlopen(mock + "/_mock/requests", timeout=10) as r:
+        reqs = json.load(r)["requests"]
+    return reqs[-1]["path"], json.loads(reqs[-1]["body"])
+
+TWO_CALLS = {"x-mock-tool-calls": "2"}
+WANT_INPUTS = [{"city": "Paris", "n": 0}, {"city": "Rome", "n": 1}]
+AN_TOOLS = [
+    {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    {"name": "get_time", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}},
+]
+OA_TOOLS = [{"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
+            for t in AN_TOOLS]
+
+# Anthropic SDK, OpenAI-shaped upstream: the streaming helpers assemble two
+# tool_use blocks from OpenAI's tool-call deltas (arguments in pieces).
+for text in ("0", "1"):
+    with an.messages.stream(
+        model="claude-via-openai", max_tokens=64, tools=AN_TOOLS,
+        messages=[{"role": "user", "content": "Weather and time in Paris and Rome?"}],
+        extra_headers={**TWO_CALLS, "x-mock-tool-text": text},
+    ) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_message()
+    blocks = [b for b in final.content if b.type == "tool_use"]
+    assert [(b.id, b.name, b.input) for b in blocks] == [
+        ("call_mock_0", "get_weather", WANT_INPUTS[0]), ("call_mock_1", "get_time", WANT_INPUTS[1])], final
+    assert final.stop_reason == "tool_use", final
+    assert kinds.count("input_json") >= 6, kinds  # several pieces per call
+    assert final.usage.output_tokens > 0, final.usage
+    if text == "1":
+        assert final.content[0].type == "text" and final.content[0].text == HELLO, final
+    else:
+        assert len(final.content) == 2, final
+    path, sent = last_upstream_body()
+    assert path == "/v1/chat/completions" and sent["tools"][1]["function"]["name"] == "get_time", sent
+print("anthropic stream tool calls via openai:", final.model_dump_json())
+
+m = an.messages.create(
+    model="claude-via-openai", max_tokens=64, tools=AN_TOOLS,
+    messages=[{"role": "user", "content": "Weather?"}], extra_headers=TWO_CALLS,
+)
+assert [(b.type, b.id, b.name, b.input) for b in m.content] == [
+    ("tool_use", "call_mock_0", "get_weather", WANT_INPUTS[0]),
+    ("tool_use", "call_mock_1", "get_time", WANT_INPUTS[1])], m
+assert m.stop_reason == "tool_use", m
+
+# A stream cut in the middle of a tool call's arguments raises, with no
+# message handed over as complete.
+an_short = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0, timeout=20)
+try:
+    with an_short.messages.stream(
+        model="claude-via-openai", max_tokens=64, tools=AN_TOOLS,
+        messages=[{"role": "user", "content": "Weather?"}],
+        extra_headers={**TWO_CALLS, "x-mock-reset-after": "3"},
+    ) as stream:
+        stream.get_final_message()
+    raise AssertionError("a cut tool stream must raise")
+except anthropic.APIStatusError as e:
+    assert e.body["type"] == "error" and e.body["error"]["type"] == "api_error", e.body
+
+# OpenAI SDK, Anthropic upstream: the streaming helpers assemble two tool
+# calls from tool_use blocks and input_json_delta pieces.
+oa_short = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=20)
+for text in ("0", "1"):
+    with oa.chat.completions.stream(
+        model="gpt-via-anthropic", tools=OA_TOOLS,
+        messages=[{"role": "user", "content": "Weather and time in Paris and Rome?"}],
+        stream_options={"include_usage": True},
+        extra_headers={**TWO_CALLS, "x-mock-tool-text": text},
+    ) as stream:
+        deltas = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        done = stream.get_final_completion()
+    choice = done.choices[0]
+    calls = choice.message.tool_calls
+    assert [(c.id, c.type, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("toolu_mock_0", "function", "get_weather", WANT_INPUTS[0]),
+        ("toolu_mock_1", "function", "get_time", WANT_INPUTS[1])], done
+    assert choice.finish_reason == "tool_calls", done
+    assert [d.index for d in deltas].count(0) >= 3 and [d.index for d in deltas].count(1) >= 3, deltas
+    # As from OpenAI itself: no content at all before the calls.
+    assert choice.message.content == (HELLO if text == "1" else None), done
+    assert done.usage is not None and done.usage.completion_tokens > 0, done.usage
+    path, sent = last_upstream_body()
+    assert path == "/v1/messages" and [t["name"] for t in sent["tools"]] == ["get_weather", "get_time"], sent
+print("openai stream tool calls via anthropic:", done.model_dump_json())
+
+r = oa.chat.completions.create(
+    model="gpt-via-anthropic", tools=OA_TOOLS,
+    messages=[{"role": "user", "content": "Weather?"}], extra_headers=TWO_CALLS,
+)
+calls = r.choices[0].message.tool_calls
+assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+    ("toolu_mock_0", "get_weather", WANT_INPUTS[0]), ("toolu_mock_1", "get_time", WANT_INPUTS[1])], r
+assert r.choices[0].finish_reason == "tool_calls", r
+assert r.choices[0].message.content is None, r
+
+# The tool-result turn: the assistant's calls and the tool messages reach
+# Anthropic as tool_use and tool_result blocks with the same ids.
+turn = [
+    {"role": "user", "content": "Weather and time in Paris and Rome?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+        for c in calls]},
+    {"role": "tool", "tool_call_id": calls[0].id, "content": "18C"},
+    {"role": "tool", "tool_call_id": calls[1].id, "content": "21:00"},
+]
+with oa.chat.completions.stream(model="gpt-via-anthropic", tools=OA_TOOLS, messages=turn) as stream:
+    done = stream.get_final_completion()
+assert done.choices[0].message.content == HELLO, done
+assert done.choices[0].finish_reason == "stop", done
+path, sent = last_upstream_body()
+assert path == "/v1/messages", path
+assert sent["messages"][1] == {"role": "assistant", "content": [
+    {"type": "tool_use", "id": "toolu_mock_0", "name": "get_weather", "input": WANT_INPUTS[0]},
+    {"type": "tool_use", "id": "toolu_mock_1", "name": "get_time", "input": WANT_INPUTS[1]}]}, sent
+assert sent["messages"][2] == {"role": "user", "content": [
+    {"type": "tool_result", "tool_use_id": "toolu_mock_0", "content": "18C"},
+    {"type": "tool_result", "tool_use_id": "toolu_mock_1", "content": "21:00"}]}, sent
+assert len(sent["messages"]) == 3, sent
+
+# Upstream errors: the SDK's own error classes, the status kept, an
+# OpenAI-shaped body.
+for status, cls, ty in [("429", openai.RateLimitError, "rate_limit_error"),
+                        ("500", openai.InternalServerError, "server_error")]:
+    try:
+        with oa_short.chat.completions.stream(
+            model="gpt-via-anthropic", tools=OA_TOOLS, messages=[{"role": "user", "content": "hi"}],
+            extra_headers={**TWO_CALLS, "x-mock-status": status},
+        ) as stream:
+            stream.get_final_completion()
+        raise AssertionError(f"a {status} must raise")
+    except cls as e:
+        assert e.status_code == int(status), e
+        assert e.body["type"] == ty and isinstance(e.body["message"], str), e.body
+        assert e.body["code"] == ("rate_limit_error" if status == "429" else "api_error"), e.body
+        assert e.response.headers["content-type"].startswith("application/json"), e.response.headers
+
+# A stream cut mid-way (before any block, in the text, before and inside
+# a call's arguments, between two calls) raises an APIError with an
+# OpenAI-shaped body: never a hang, never a completion handed over as if
+# whole.
+for cut, text in [("1", "0"), ("4", "1"), ("3", "0"), ("5", "0"), ("9", "0")]:
+    got = []
+    try:
+        with oa_short.chat.completions.stream(
+            model="gpt-via-anthropic", tools=OA_TOOLS, messages=[{"role": "user", "content": "hi"}],
+            extra_headers={**TWO_CALLS, "x-mock-tool-text": text, "x-mock-reset-after": cut},
+        ) as stream:
+            for e in stream:
+                got.append(e.type)
+            stream.get_final_completion()
+        raise AssertionError(f"a stream cut after {cut} events must raise")
+    except openai.APIStatusError:
+        raise
+    except openai.APIError as e:
+        assert e.body["code"] == "upstream_error" and e.body["retryable"] is True, (cut, e.body)
+        assert isinstance(e.body["message"], str) and e.body["message"], e.body
+    assert "chunk" in got or cut == "1", (cut, got)
 
 print("families ok")

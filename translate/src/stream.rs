@@ -12,8 +12,10 @@
 //! only at the end, so they are in `message_delta`'s usage, which the
 //! Anthropic SDKs merge into the message) and `message_stop`.
 //!
-//! Anthropic events -> OpenAI chunks: the role chunk at `message_start`,
-//! text deltas as `content`, each `tool_use` block as a tool call with its
+//! Anthropic events -> OpenAI chunks: the role at the first block, as
+//! OpenAI sends it (`content: ""` before text; `content: null` in the
+//! first call's chunk when the answer starts with a tool call), text
+//! deltas as `content`, each `tool_use` block as a tool call with its
 //! own `index` (id and name first, then its argument deltas), the finish
 //! chunk at `message_delta`, at `message_stop` the usage chunk (when the
 //! agent asked for one with `stream_options.include_usage`) and
@@ -440,6 +442,10 @@ struct FromAnthropic {
     id: String,
     model: String,
     started: bool,
+    /// The first chunk (with `role`) went out. It waits for the first
+    /// block: OpenAI's first delta is `content: ""` before text and
+    /// `content: null` with the first tool call, which SDKs keep.
+    role_sent: bool,
     /// The open block: its Anthropic index and kind.
     open: Option<(u64, Block)>,
     calls: u32,
@@ -484,7 +490,6 @@ impl FromAnthropic {
                 if let Some(u) = m.and_then(|m| m.get("usage")) {
                     usage.update_from_anthropic(u);
                 }
-                self.chunk(out, &json!({"role": "assistant", "content": ""}), None)?;
             }
             "content_block_start" => {
                 let (Some(index), Some(b)) = (
@@ -498,6 +503,7 @@ impl FromAnthropic {
                 }
                 match b.get("type").and_then(Value::as_str) {
                     Some("text") => {
+                        self.role_chunk(out)?;
                         self.open = Some((index, Block::Text));
                         match b.get("text").and_then(Value::as_str) {
                             Some("") => {}
@@ -529,12 +535,15 @@ impl FromAnthropic {
                             Some(i @ Value::Object(_)) => i.to_string(),
                             Some(_) => return malformed("content_block_start.content_block.input"),
                         };
-                        self.chunk(
-                            out,
-                            &json!({"tool_calls": [{"index": k, "id": id, "type": "function",
-                                                    "function": {"name": name, "arguments": args}}]}),
-                            None,
-                        )?;
+                        let mut delta = json!({"tool_calls": [{"index": k, "id": id, "type": "function",
+                                                "function": {"name": name, "arguments": args}}]});
+                        if !self.role_sent {
+                            // The answer starts with a call: no content.
+                            self.role_sent = true;
+                            delta["role"] = json!("assistant");
+                            delta["content"] = Value::Null;
+                        }
+                        self.chunk(out, &delta, None)?;
                     }
                     // thinking, redacted_thinking, server tools: refused
                     // in the request, so never expected here.
@@ -606,6 +615,8 @@ impl FromAnthropic {
                         if self.finished || self.open.is_some() {
                             return malformed("message_delta");
                         }
+                        // An answer without a block still has its role.
+                        self.role_chunk(out)?;
                         self.finished = true;
                         self.chunk(out, &json!({}), Some(f))?;
                     }
@@ -626,6 +637,15 @@ impl FromAnthropic {
             }
         }
         Ok(End::Open)
+    }
+
+    /// The first chunk, before the first text (once).
+    fn role_chunk(&mut self, out: &mut Vec<u8>) -> R<()> {
+        if self.role_sent {
+            return Ok(());
+        }
+        self.role_sent = true;
+        self.chunk(out, &json!({"role": "assistant", "content": ""}), None)
     }
 
     fn head(&self, out: &mut Vec<u8>) -> R<()> {

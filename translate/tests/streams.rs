@@ -60,6 +60,24 @@ const ANTHROPIC_TOOLS: &str = concat!(
     "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
 );
 
+/// Anthropic: two tool_use blocks and no text, as api.anthropic.com sends
+/// them (the ping after the first block starts, an empty first piece).
+const ANTHROPIC_TOOLS_ONLY: &str = concat!(
+    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_3\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":80,\"output_tokens\":1}}}\n\n",
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_a\",\"name\":\"get_weather\",\"input\":{}}}\n\n",
+    "event: ping\ndata: {\"type\": \"ping\"}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"city\\\": \\\"Pa\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"ris\\\"}\"}}\n\n",
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_b\",\"name\":\"get_time\",\"input\":{}}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"city\\\": \\\"Rome\\\"}\"}}\n\n",
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":33}}\n\n",
+    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+);
+
 fn opts(usage_chunk: bool) -> StreamOptions {
     StreamOptions {
         created: 1_700_000_000,
@@ -314,6 +332,43 @@ fn anthropic_tool_stream_as_openai_chunks() {
 }
 
 #[test]
+fn an_answer_of_tool_calls_only_has_null_content_as_openai_sends_it() {
+    let out = every_split_gives_the_same(Family::Anthropic, false, ANTHROPIC_TOOLS_ONLY);
+    let evs = events(&out);
+    // The role comes with the first call, `content: null`: an SDK's
+    // assembled message has no content, as for a non-streamed answer.
+    let first: Value = serde_json::from_str(&evs[0].1).unwrap();
+    assert_eq!(
+        first["choices"][0]["delta"],
+        json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": "toolu_a",
+               "type": "function", "function": {"name": "get_weather", "arguments": ""}}]})
+    );
+    assert!(evs[1..].iter().all(|(_, d)| !d.contains("\"role\"")));
+    let a = assemble_openai(&out);
+    assert_eq!(a["text"], "");
+    assert_eq!(
+        a["tool_calls"],
+        json!([{"id": "toolu_a", "name": "get_weather", "arguments": {"city": "Paris"}},
+               {"id": "toolu_b", "name": "get_time", "arguments": {"city": "Rome"}}])
+    );
+    assert_eq!(a["finish_reason"], "tool_calls");
+
+    // An answer with no block at all still starts with its role.
+    let empty = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"model\":\"c\",\"usage\":{\"input_tokens\":1}}}\n\n",
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":0}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    );
+    let out = every_split_gives_the_same(Family::Anthropic, false, empty);
+    let evs = events(&out);
+    assert_eq!(evs.len(), 3, "{evs:?}");
+    assert!(evs[0]
+        .1
+        .contains("\"delta\":{\"content\":\"\",\"role\":\"assistant\"}"));
+    assert!(evs[1].1.contains("\"finish_reason\":\"stop\""));
+}
+
+#[test]
 fn there_and_back_keeps_the_answer() {
     for input in [OPENAI_TEXT, OPENAI_TOOLS] {
         let (anthropic, _) = run(Family::OpenAi, false, &[input.as_bytes()]);
@@ -383,7 +438,8 @@ fn an_upstream_error_event_reaches_the_agent_in_its_family() {
     let (out, end) = run(Family::Anthropic, false, &[input.as_bytes()]);
     assert_eq!(end, End::UpstreamError);
     let evs = events(&out);
-    let e: Value = serde_json::from_str(&evs[1].1).unwrap();
+    assert_eq!(evs.len(), 1, "nothing but the error: no block began");
+    let e: Value = serde_json::from_str(&evs[0].1).unwrap();
     assert_eq!(e["error"]["message"], "Overloaded");
     assert_eq!(e["error"]["code"], "overloaded_error");
 

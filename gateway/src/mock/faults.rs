@@ -18,6 +18,8 @@
 //! | `x-mock-prompt-tokens: 1000` | the prompt tokens reported (default: the body's length / 4) |
 //! | `x-mock-cached-tokens: 400` | of those, read from the prompt cache (OpenAI `cached_tokens`, Anthropic `cache_read_input_tokens`) |
 //! | `x-mock-cache-write-tokens: 200` | of those, written to the cache (Anthropic `cache_creation_input_tokens`) |
+//! | `x-mock-tool-calls: 2` | chat completions and messages: answer with this many parallel tool calls (ids `call_mock_0` / `toolu_mock_0`, ..., names from the request's `tools` in order, else `mock_tool`, arguments `{"city":"Paris","n":0}` streamed in pieces), finish `tool_calls` / `tool_use` |
+//! | `x-mock-tool-text: 1` | with tool calls: the usual text before them (else there is none) |
 
 use http::HeaderMap;
 
@@ -41,6 +43,10 @@ pub struct Faults {
     pub cached_tokens: u64,
     /// Of the prompt, tokens written to the cache (Anthropic).
     pub cache_write_tokens: u64,
+    /// Parallel tool calls in a chat answer (0: a text answer).
+    pub tool_calls: usize,
+    /// With tool calls: the text comes first.
+    pub tool_text: bool,
 }
 
 /// What the mock adds to every answer of one request (a hostile or broken
@@ -83,6 +89,8 @@ impl Default for Faults {
             prompt_tokens: None,
             cached_tokens: 0,
             cache_write_tokens: 0,
+            tool_calls: 0,
+            tool_text: false,
         }
     }
 }
@@ -90,6 +98,8 @@ impl Default for Faults {
 /// Upper bound on content pieces, so a header cannot make the mock build a
 /// gigantic answer.
 const MAX_CHUNKS: usize = 100_000;
+/// Upper bound on tool calls in one answer.
+const MAX_TOOL_CALLS: usize = 1024;
 
 impl Faults {
     pub fn overridden_by(&self, headers: &HeaderMap) -> Faults {
@@ -138,6 +148,14 @@ impl Faults {
         if let Some(v) = num(headers, "x-mock-cache-write-tokens") {
             f.cache_write_tokens = v;
         }
+        if let Some(v) = num::<usize>(headers, "x-mock-tool-calls") {
+            f.tool_calls = v.min(MAX_TOOL_CALLS);
+        }
+        match headers.get("x-mock-tool-text").map(|v| v.as_bytes()) {
+            Some(b"1") => f.tool_text = true,
+            Some(b"0") => f.tool_text = false,
+            _ => {}
+        }
         if let Some(b) = headers.get("x-mock-body").and_then(|v| v.to_str().ok()) {
             f.body = Some(b.to_string());
         }
@@ -159,5 +177,11 @@ mod tests {
         assert_eq!(f.status, Some(503));
         assert_eq!(f.chunks, 1);
         assert_eq!(f.latency_ms, 0);
+        assert_eq!(f.tool_calls, 0);
+        h.insert("x-mock-tool-calls", "5000".parse().unwrap());
+        h.insert("x-mock-tool-text", "1".parse().unwrap());
+        let f = Faults::default().overridden_by(&h);
+        assert_eq!(f.tool_calls, MAX_TOOL_CALLS);
+        assert!(f.tool_text);
     }
 }

@@ -14,6 +14,10 @@ const WORDS: [&str; 8] = [
 ];
 /// Fixed so that responses are byte-for-byte reproducible.
 const CREATED: u64 = 1_700_000_000;
+/// The cities in the mock's tool-call arguments, in turn.
+const CITIES: [&str; 4] = ["Paris", "Rome", "Tokyo", "Lima"];
+/// Bytes of a tool call's arguments per streamed piece.
+const ARGUMENT_PIECE: usize = 7;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -78,6 +82,74 @@ pub struct Exchange {
     pieces: Vec<&'static str>,
     include_usage: bool,
     inputs: usize,
+    /// Parallel tool calls after the text (chat completions and messages).
+    tool_calls: Vec<ToolCall>,
+}
+
+/// One tool call of the answer: its arguments are a JSON object's text.
+struct ToolCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+impl ToolCall {
+    /// The arguments in the pieces a stream sends them in (real providers
+    /// split them anywhere, mid-key and mid-string).
+    fn pieces(&self) -> Vec<&str> {
+        let mut out = Vec::new();
+        let mut rest = self.arguments.as_str();
+        while !rest.is_empty() {
+            let mut at = ARGUMENT_PIECE.min(rest.len());
+            while !rest.is_char_boundary(at) {
+                at += 1;
+            }
+            let (piece, tail) = rest.split_at(at);
+            out.push(piece);
+            rest = tail;
+        }
+        out
+    }
+
+    fn input(&self) -> Value {
+        serde_json::from_str(&self.arguments).unwrap_or_else(|_| json!({}))
+    }
+}
+
+/// The answer's tool calls: names from the request's `tools` in order
+/// (OpenAI `function.name` or Anthropic `name`), cycled when there are
+/// fewer tools than calls, else `mock_tool`.
+fn tool_calls(endpoint: Endpoint, req: &Value, n: usize) -> Vec<ToolCall> {
+    let prefix = match endpoint {
+        Endpoint::ChatCompletions => "call_mock_",
+        Endpoint::Messages => "toolu_mock_",
+        _ => return Vec::new(),
+    };
+    let names: Vec<&str> = req
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| {
+                    t.pointer("/function/name")
+                        .or_else(|| t.get("name"))
+                        .and_then(Value::as_str)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (0..n)
+        .map(|i| ToolCall {
+            id: format!("{prefix}{i}"),
+            name: if names.is_empty() {
+                "mock_tool".to_string()
+            } else {
+                names[i % names.len()].to_string()
+            },
+            arguments: json!({"n": i, "city": CITIES[i % CITIES.len()]}).to_string(),
+        })
+        .collect()
 }
 
 impl Exchange {
@@ -103,6 +175,13 @@ impl Exchange {
             Some(Value::Array(a)) => a.len().max(1),
             _ => 1,
         };
+        let tool_calls = tool_calls(endpoint, req, faults.tool_calls);
+        // Tool calls come alone unless the text was asked for before them.
+        let text_pieces = if tool_calls.is_empty() || faults.tool_text {
+            chunks
+        } else {
+            0
+        };
         Exchange {
             endpoint,
             model,
@@ -111,9 +190,10 @@ impl Exchange {
             cache_write_tokens: faults
                 .cache_write_tokens
                 .min(prompt_tokens.saturating_sub(faults.cached_tokens)),
-            pieces: (0..chunks).map(|i| WORDS[i % WORDS.len()]).collect(),
+            pieces: (0..text_pieces).map(|i| WORDS[i % WORDS.len()]).collect(),
             include_usage,
             inputs,
+            tool_calls,
         }
     }
 
@@ -121,8 +201,53 @@ impl Exchange {
         self.pieces.concat()
     }
 
+    /// A token per text piece and per streamed piece of arguments.
     fn completion_tokens(&self) -> u64 {
-        self.pieces.len() as u64
+        let args: usize = self.tool_calls.iter().map(|c| c.pieces().len()).sum();
+        (self.pieces.len() + args) as u64
+    }
+
+    /// OpenAI's `finish_reason` / Anthropic's `stop_reason`.
+    fn finish(&self) -> (&'static str, &'static str) {
+        if self.tool_calls.is_empty() {
+            ("stop", "end_turn")
+        } else {
+            ("tool_calls", "tool_use")
+        }
+    }
+
+    /// The chat completion's message: `content` is null when there is
+    /// only tool calls.
+    fn openai_message(&self) -> Value {
+        let mut m = json!({"role": "assistant", "content": self.text()});
+        if !self.tool_calls.is_empty() {
+            if self.pieces.is_empty() {
+                m["content"] = Value::Null;
+            }
+            m["tool_calls"] = self
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    json!({"id": c.id, "type": "function",
+                                "function": {"name": c.name, "arguments": c.arguments}})
+                })
+                .collect();
+        }
+        m
+    }
+
+    /// The message's content blocks: the text (when there is any), then a
+    /// `tool_use` block per call.
+    fn anthropic_content(&self) -> Value {
+        let mut blocks = Vec::with_capacity(1 + self.tool_calls.len());
+        if !self.pieces.is_empty() || self.tool_calls.is_empty() {
+            blocks.push(json!({"type": "text", "text": self.text()}));
+        }
+        for c in &self.tool_calls {
+            blocks
+                .push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.input()}));
+        }
+        Value::Array(blocks)
     }
 
     fn openai_usage(&self) -> Value {
@@ -171,8 +296,8 @@ impl Exchange {
             Endpoint::ChatCompletions => json!({
                 "id": "chatcmpl-mock", "object": "chat.completion", "created": CREATED, "model": self.model,
                 "choices": [{
-                    "index": 0, "message": {"role": "assistant", "content": self.text()},
-                    "logprobs": null, "finish_reason": "stop"
+                    "index": 0, "message": self.openai_message(),
+                    "logprobs": null, "finish_reason": self.finish().0
                 }],
                 "usage": self.openai_usage(),
             }),
@@ -192,8 +317,8 @@ impl Exchange {
             }),
             Endpoint::Messages => json!({
                 "id": "msg_mock", "type": "message", "role": "assistant", "model": self.model,
-                "content": [{"type": "text", "text": self.text()}],
-                "stop_reason": "end_turn", "stop_sequence": null,
+                "content": self.anthropic_content(),
+                "stop_reason": self.finish().1, "stop_sequence": null,
                 "usage": self.anthropic_usage(self.completion_tokens()),
             }),
         }
@@ -213,14 +338,36 @@ impl Exchange {
                         "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]
                     })
                 };
-                out.push(data(chunk(
-                    json!({"role": "assistant", "content": ""}),
-                    Value::Null,
-                )));
+                // As OpenAI streams: the role in the first chunk (with the
+                // first call when there is no text); each call's id, type
+                // and name with empty arguments, then its arguments in
+                // pieces, calls one after another.
+                if !self.pieces.is_empty() {
+                    out.push(data(chunk(
+                        json!({"role": "assistant", "content": ""}),
+                        Value::Null,
+                    )));
+                }
                 for p in &self.pieces {
                     out.push(data(chunk(json!({"content": p}), Value::Null)));
                 }
-                out.push(data(chunk(json!({}), json!("stop"))));
+                for (k, c) in self.tool_calls.iter().enumerate() {
+                    let head = json!({"index": k, "id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": ""}});
+                    let delta = if k == 0 && self.pieces.is_empty() {
+                        json!({"role": "assistant", "content": null, "tool_calls": [head], "refusal": null})
+                    } else {
+                        json!({"tool_calls": [head]})
+                    };
+                    out.push(data(chunk(delta, Value::Null)));
+                    for p in c.pieces() {
+                        out.push(data(chunk(
+                            json!({"tool_calls": [{"index": k, "function": {"arguments": p}}]}),
+                            Value::Null,
+                        )));
+                    }
+                }
+                out.push(data(chunk(json!({}), json!(self.finish().0))));
                 if self.include_usage {
                     out.push(data(json!({
                         "id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": CREATED,
@@ -284,24 +431,54 @@ impl Exchange {
                         "usage": self.anthropic_usage(1)
                     }
                 })));
-                out.push(named("content_block_start", json!({
-                    "type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}
-                })));
-                out.push(named("ping", json!({"type": "ping"})));
-                for p in &self.pieces {
-                    out.push(named("content_block_delta", json!({
-                        "type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}
+                // As Anthropic streams: the text block, then a tool_use
+                // block per call (input `{}`, then input_json_delta pieces,
+                // the first one empty), a ping after the first block starts.
+                let mut index = 0usize;
+                if !self.pieces.is_empty() {
+                    out.push(named("content_block_start", json!({
+                        "type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}
                     })));
+                    out.push(named("ping", json!({"type": "ping"})));
+                    for p in &self.pieces {
+                        out.push(named("content_block_delta", json!({
+                            "type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}
+                        })));
+                    }
+                    out.push(named(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": 0}),
+                    ));
+                    index += 1;
                 }
-                out.push(named(
-                    "content_block_stop",
-                    json!({"type": "content_block_stop", "index": 0}),
-                ));
+                for c in &self.tool_calls {
+                    out.push(named("content_block_start", json!({
+                        "type": "content_block_start", "index": index,
+                        "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}
+                    })));
+                    if index == 0 {
+                        out.push(named("ping", json!({"type": "ping"})));
+                    }
+                    for p in std::iter::once("").chain(c.pieces()) {
+                        out.push(named(
+                            "content_block_delta",
+                            json!({
+                                "type": "content_block_delta", "index": index,
+                                "delta": {"type": "input_json_delta", "partial_json": p}
+                            }),
+                        ));
+                    }
+                    out.push(named(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": index}),
+                    ));
+                    index += 1;
+                }
                 out.push(named(
                     "message_delta",
                     json!({
                         "type": "message_delta",
-                        "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                        "delta": {"stop_reason": self.finish().1, "stop_sequence": null},
                         "usage": self.anthropic_usage(self.completion_tokens())
                     }),
                 ));
@@ -378,5 +555,237 @@ mod tests {
             ev.last().unwrap(),
             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
         );
+    }
+
+    fn tools(n: usize, text: bool) -> Faults {
+        Faults {
+            chunks: 3,
+            tool_calls: n,
+            tool_text: text,
+            ..Faults::default()
+        }
+    }
+
+    /// `data:` of each event, parsed (`[DONE]` as a string).
+    fn data(ev: &[String]) -> Vec<Value> {
+        ev.iter()
+            .map(|e| {
+                let d = e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+                serde_json::from_str(d).unwrap_or_else(|_| json!(d))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tool_calls_answer_whole_in_both_families() {
+        let req = json!({"model": "m", "messages": [], "tools": [
+            {"type": "function", "function": {"name": "get_weather", "parameters": {}}},
+            {"type": "function", "function": {"name": "get_time"}}]});
+        let c =
+            Exchange::new(Endpoint::ChatCompletions, &req, 40, &tools(3, false)).full_response();
+        let choice = &c["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["content"], Value::Null);
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        let got: Vec<(&str, &str, Value)> = calls
+            .iter()
+            .map(|t| {
+                assert_eq!(t["type"], "function");
+                let args = t["function"]["arguments"].as_str().unwrap();
+                (
+                    t["id"].as_str().unwrap(),
+                    t["function"]["name"].as_str().unwrap(),
+                    serde_json::from_str(args).unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "call_mock_0",
+                    "get_weather",
+                    json!({"n": 0, "city": "Paris"})
+                ),
+                ("call_mock_1", "get_time", json!({"n": 1, "city": "Rome"})),
+                (
+                    "call_mock_2",
+                    "get_weather",
+                    json!({"n": 2, "city": "Tokyo"})
+                ),
+            ]
+        );
+
+        let req = json!({"model": "c", "messages": [], "tools": [{"name": "lookup", "input_schema": {}}]});
+        let m = Exchange::new(Endpoint::Messages, &req, 40, &tools(2, true)).full_response();
+        assert_eq!(m["stop_reason"], "tool_use");
+        assert_eq!(
+            m["content"],
+            json!([{"type": "text", "text": "Hello from the"},
+                   {"type": "tool_use", "id": "toolu_mock_0", "name": "lookup", "input": {"n": 0, "city": "Paris"}},
+                   {"type": "tool_use", "id": "toolu_mock_1", "name": "lookup", "input": {"n": 1, "city": "Rome"}}])
+        );
+        // No tools in the request: a name of the mock's own.
+        let req = json!({"model": "m", "messages": []});
+        let c = Exchange::new(Endpoint::ChatCompletions, &req, 40, &tools(1, true)).full_response();
+        assert_eq!(c["choices"][0]["message"]["content"], "Hello from the");
+        assert_eq!(
+            c["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+            "mock_tool"
+        );
+        // Other endpoints answer text.
+        let r = Exchange::new(Endpoint::Responses, &req, 40, &tools(2, false)).full_response();
+        assert_eq!(r["output"][0]["content"][0]["text"], "Hello from the");
+    }
+
+    #[test]
+    fn tool_calls_stream_as_openai_does() {
+        let req = json!({"model": "m", "messages": [], "stream": true,
+                         "tools": [{"type": "function", "function": {"name": "get_weather"}}]});
+        for text in [false, true] {
+            let ev =
+                Exchange::new(Endpoint::ChatCompletions, &req, 40, &tools(2, text)).stream_events();
+            assert!(ev
+                .iter()
+                .all(|e| e.starts_with("data: ") && e.ends_with("\n\n")));
+            let d = data(&ev);
+            assert_eq!(d.last().unwrap(), &json!("[DONE]"));
+            let usage = &d[d.len() - 2];
+            assert_eq!(usage["choices"], json!([]));
+            let finish = &d[d.len() - 3]["choices"][0];
+            assert_eq!(finish["finish_reason"], "tool_calls");
+            assert_eq!(finish["delta"], json!({}));
+            let first = &d[0]["choices"][0]["delta"];
+            assert_eq!(first["role"], "assistant");
+            // What the SDKs accumulate: calls by index, arguments appended.
+            let (mut content, mut calls) = (String::new(), Vec::<(String, String, String)>::new());
+            let mut argument_deltas = 0;
+            for c in &d[..d.len() - 3] {
+                let delta = &c["choices"][0]["delta"];
+                assert_eq!(c["choices"][0]["finish_reason"], Value::Null);
+                content += delta["content"].as_str().unwrap_or("");
+                for t in delta["tool_calls"].as_array().into_iter().flatten() {
+                    let k = t["index"].as_u64().unwrap() as usize;
+                    if let Some(id) = t["id"].as_str() {
+                        assert_eq!(k, calls.len(), "calls come in order");
+                        assert_eq!(t["type"], "function");
+                        assert_eq!(t["function"]["arguments"], "");
+                        let name = t["function"]["name"].as_str().unwrap().to_string();
+                        calls.push((id.to_string(), name, String::new()));
+                    } else {
+                        assert_eq!(k + 1, calls.len(), "arguments follow their call's head");
+                        assert!(t.get("function").unwrap().get("name").is_none());
+                        calls[k].2 += t["function"]["arguments"].as_str().unwrap();
+                        argument_deltas += 1;
+                    }
+                }
+            }
+            assert_eq!(content, if text { "Hello from the" } else { "" });
+            assert!(argument_deltas >= 2 * 3, "{argument_deltas}");
+            let calls: Vec<(String, String, Value)> = calls
+                .into_iter()
+                .map(|(i, n, a)| (i, n, serde_json::from_str(&a).unwrap()))
+                .collect();
+            assert_eq!(
+                calls,
+                [
+                    (
+                        "call_mock_0".into(),
+                        "get_weather".into(),
+                        json!({"n": 0, "city": "Paris"})
+                    ),
+                    (
+                        "call_mock_1".into(),
+                        "get_weather".into(),
+                        json!({"n": 1, "city": "Rome"})
+                    ),
+                ]
+            );
+            let tokens = usage["usage"]["completion_tokens"].as_u64().unwrap();
+            assert_eq!(tokens, argument_deltas + if text { 3 } else { 0 });
+        }
+    }
+
+    #[test]
+    fn tool_calls_stream_as_anthropic_does() {
+        let req = json!({"model": "c", "messages": [], "stream": true});
+        for text in [false, true] {
+            let ev = Exchange::new(Endpoint::Messages, &req, 40, &tools(2, text)).stream_events();
+            let names: Vec<&str> = ev
+                .iter()
+                .map(|e| e.lines().next().unwrap().strip_prefix("event: ").unwrap())
+                .collect();
+            let d = data(&ev);
+            for (n, v) in names.iter().zip(&d) {
+                assert_eq!(v["type"], *n);
+            }
+            assert_eq!(names[0], "message_start");
+            assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);
+            assert_eq!(d[d.len() - 2]["delta"]["stop_reason"], "tool_use");
+            // Blocks open and close one at a time, indexes in order;
+            // each tool_use block starts with input {} and is fed pieces.
+            let (mut open, mut blocks) = (None::<u64>, Vec::<Value>::new());
+            let mut argument_deltas = 0;
+            for v in &d {
+                match v["type"].as_str().unwrap() {
+                    "content_block_start" => {
+                        assert_eq!(open, None);
+                        let i = v["index"].as_u64().unwrap();
+                        assert_eq!(i as usize, blocks.len());
+                        open = Some(i);
+                        let mut b = v["content_block"].clone();
+                        if b["type"] == "tool_use" {
+                            assert_eq!(b["input"], json!({}));
+                            b["partial"] = json!("");
+                        }
+                        blocks.push(b);
+                    }
+                    "content_block_delta" => {
+                        let i = v["index"].as_u64().unwrap();
+                        assert_eq!(open, Some(i));
+                        let b = &mut blocks[i as usize];
+                        match v["delta"]["type"].as_str().unwrap() {
+                            "text_delta" => {
+                                let t = b["text"].as_str().unwrap().to_string();
+                                b["text"] = json!(t + v["delta"]["text"].as_str().unwrap());
+                            }
+                            "input_json_delta" => {
+                                let p = b["partial"].as_str().unwrap().to_string();
+                                let piece = v["delta"]["partial_json"].as_str().unwrap();
+                                argument_deltas += usize::from(!piece.is_empty());
+                                b["partial"] = json!(p + piece);
+                            }
+                            other => panic!("{other}"),
+                        }
+                    }
+                    "content_block_stop" => {
+                        assert_eq!(open.take(), v["index"].as_u64());
+                    }
+                    _ => {}
+                }
+            }
+            let got: Vec<Value> = blocks
+                .into_iter()
+                .map(|mut b| {
+                    if let Some(p) = b.as_object_mut().unwrap().remove("partial") {
+                        b["input"] = serde_json::from_str(p.as_str().unwrap()).unwrap();
+                    }
+                    b
+                })
+                .collect();
+            let mut want = vec![
+                json!({"type": "tool_use", "id": "toolu_mock_0", "name": "mock_tool", "input": {"n": 0, "city": "Paris"}}),
+                json!({"type": "tool_use", "id": "toolu_mock_1", "name": "mock_tool", "input": {"n": 1, "city": "Rome"}}),
+            ];
+            if text {
+                want.insert(0, json!({"type": "text", "text": "Hello from the"}));
+            }
+            assert_eq!(got, want);
+            assert!(argument_deltas >= 2 * 3, "{argument_deltas}");
+            assert_eq!(
+                d[d.len() - 2]["usage"]["output_tokens"],
+                argument_deltas + if text { 3 } else { 0 }
+            );
+        }
     }
 }
