@@ -326,4 +326,49 @@ for cut, text in [("1", "0"), ("4", "1"), ("3", "0"), ("5", "0"), ("9", "0")]:
         assert isinstance(e.body["message"], str) and e.body["message"], e.body
     assert "chunk" in got or cut == "1", (cut, got)
 
+# Anthropic SDK, OpenAI-shaped upstream, streamed: the tool-result turn
+# reaches OpenAI as the assistant's tool_calls and tool messages, ids and
+# arguments kept, and upstream errors raise the SDK's own classes.
+an_turn = [
+    {"role": "user", "content": "Weather and time in Paris and Rome?"},
+    {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "call_mock_0", "name": "get_weather", "input": WANT_INPUTS[0]},
+        {"type": "tool_use", "id": "call_mock_1", "name": "get_time", "input": WANT_INPUTS[1]},
+    ]},
+    {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "call_mock_0", "content": "18C"},
+        {"type": "tool_result", "tool_use_id": "call_mock_1", "content": [{"type": "text", "text": "21:00"}]},
+    ]},
+]
+with an.messages.stream(model="claude-via-openai", max_tokens=64, tools=AN_TOOLS, messages=an_turn) as stream:
+    final = stream.get_final_message()
+assert final.content[0].text == HELLO and final.stop_reason == "end_turn", final
+path, sent = last_upstream_body()
+assert path == "/v1/chat/completions", path
+assistant = sent["messages"][1]
+assert assistant["role"] == "assistant", sent
+assert [(c["id"], c["type"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in assistant["tool_calls"]] == [
+    ("call_mock_0", "function", "get_weather", WANT_INPUTS[0]),
+    ("call_mock_1", "function", "get_time", WANT_INPUTS[1])], sent
+tools_back = [(m["role"], m["tool_call_id"]) for m in sent["messages"][2:]]
+assert tools_back == [("tool", "call_mock_0"), ("tool", "call_mock_1")], sent
+assert sent["messages"][2]["content"] == "18C", sent
+assert "21:00" in json.dumps(sent["messages"][3]["content"]), sent
+
+for status, cls, ty in [("429", anthropic.RateLimitError, "rate_limit_error"),
+                        ("500", anthropic.InternalServerError, "api_error")]:
+    try:
+        with an_short.messages.stream(
+            model="claude-via-openai", max_tokens=64, tools=AN_TOOLS,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={**TWO_CALLS, "x-mock-status": status},
+        ) as stream:
+            stream.get_final_message()
+        raise AssertionError(f"a {status} must raise")
+    except cls as e:
+        assert e.status_code == int(status), e
+        assert e.body["type"] == "error" and e.body["error"]["type"] == ty, e.body
+        assert isinstance(e.body["error"]["message"], str), e.body
+
 print("families ok")
