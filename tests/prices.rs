@@ -452,17 +452,25 @@ fn post_held(gw: &Gateway, path: &str, body: &str, extra: &[&str]) -> Resp {
     curl_body(&args, body.as_bytes())
 }
 
+const SMALL: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// A small gpt-4o call answered with 30 completion tokens: 200, with its
+/// usage.
+fn small_call(gw: &Gateway) -> Resp {
+    let r = post_held(gw, "/v1/chat/completions", SMALL, &["x-mock-chunks: 30"]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["completion_tokens"], 30);
+    r
+}
+
 #[test]
 fn held_answers_carry_their_cost_whatever_their_path() {
     let mock = Mock::start();
     let gw = Gateway::start(&held_config(&mock, "cost_header: true", PLAIN_LISTEN));
     // gpt-4o at 2.50 in / 10.00 out per million, 1,000 prompt tokens:
     // with 30 completion tokens 0.0025 + 0.0003.
-    let small = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
-    let r = post_held(&gw, "/v1/chat/completions", small, &["x-mock-chunks: 30"]);
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = small_call(&gw);
     assert_eq!(r.header("x-loopgate-cost-usd"), Some("0.0028"));
-    assert_eq!(r.json()["usage"]["completion_tokens"], 30);
 
     // A body past Pingora's 64 KiB replay buffer takes the large-body
     // route: its answer is held the same way, and the body arrives whole.
@@ -485,7 +493,7 @@ fn held_answers_carry_their_cost_whatever_their_path() {
     assert_eq!(r.header("x-loopgate-cost-usd"), Some("0.00262"));
 
     // An upstream error reports no usage: relayed whole, with no cost.
-    let r = post_held(&gw, "/v1/chat/completions", small, &["x-mock-status: 500"]);
+    let r = post_held(&gw, "/v1/chat/completions", SMALL, &["x-mock-status: 500"]);
     assert_eq!(r.status, 500, "{}", r.text());
     assert!(r.json()["error"].is_object(), "{}", r.text());
     assert_eq!(r.header("x-loopgate-cost-usd"), None);
@@ -506,11 +514,10 @@ fn an_answer_the_memory_budget_cannot_hold_passes_whole_without_its_cost() {
     // fit, so it is released and relayed as it arrives.
     let listen = "{ address: \"127.0.0.1:{PORT}\", connections: { body_memory_bytes: 262144 } }";
     let gw = Gateway::start(&held_config(&mock, "cost_header: true", listen));
-    let small = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
     let r = post_held(
         &gw,
         "/v1/chat/completions",
-        small,
+        SMALL,
         &["x-mock-chunks: 100000"],
     );
     assert_eq!(r.status, 200, "{}", &r.text()[..200.min(r.text().len())]);
@@ -522,17 +529,15 @@ fn an_answer_the_memory_budget_cannot_hold_passes_whole_without_its_cost() {
         .is_some_and(|t| t.starts_with("Hello from the")));
     assert_eq!(r.header("x-loopgate-cost-usd"), None);
     // The charge was given back: a small answer is held again.
-    let r = post_held(&gw, "/v1/chat/completions", small, &["x-mock-chunks: 30"]);
-    assert_eq!(r.header("x-loopgate-cost-usd"), Some("0.0028"));
+    assert_eq!(
+        small_call(&gw).header("x-loopgate-cost-usd"),
+        Some("0.0028")
+    );
 }
 
 #[test]
 fn by_default_answers_are_relayed_as_they_arrive_without_their_cost() {
     let mock = Mock::start();
     let gw = Gateway::start(&held_config(&mock, "", PLAIN_LISTEN));
-    let small = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
-    let r = post_held(&gw, "/v1/chat/completions", small, &["x-mock-chunks: 30"]);
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-loopgate-cost-usd"), None);
-    assert_eq!(r.json()["usage"]["completion_tokens"], 30);
+    assert_eq!(small_call(&gw).header("x-loopgate-cost-usd"), None);
 }
