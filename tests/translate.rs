@@ -33,6 +33,10 @@ routes:
     targets: [ {{ provider: an_down, weight: 1000000 }}, {{ provider: oa_down }}, {{ provider: local }} ]
   - models: [gpt-4o-mini]
     targets: [ {{ provider: oa }} ]
+  - models: [claude-mixed]
+    targets: [ {{ provider: an }}, {{ provider: oa }} ]
+  - models: [claude-mixed-down]
+    targets: [ {{ provider: an_down, weight: 1000000 }}, {{ provider: oa }} ]
 agents:
   tester:
     key_sha256: "{agent}"
@@ -258,6 +262,51 @@ fn what_cannot_be_translated_is_refused_before_anything_is_sent() {
         r#"{"model":"gpt-4o-mini","n":2,"messages":[{"role":"user","content":"hi"}]}"#,
     );
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// On a route of both families, a body the other family cannot read goes
+/// only to the targets of the agent's own family: served as written while
+/// one answers, never translated with a field dropped, and the fallback
+/// across families is given up for that call rather than refused for all.
+#[test]
+fn an_untranslatable_body_on_a_mixed_route_stays_with_its_own_family() {
+    let s = setup();
+    let untranslatable = r#"{"model":"claude-mixed","max_tokens":9,"top_k":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    // Equal weights: without the rule, about half would go to OpenAI.
+    for _ in 0..12 {
+        let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &[], untranslatable);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-loopgate-provider"), Some("an"));
+        assert_eq!(r.json()["type"], "message", "{}", r.text());
+    }
+    let reqs = s.mock.requests();
+    assert_eq!(reqs.len(), 12);
+    for req in &reqs {
+        assert_eq!(req["path"], "/v1/messages", "{req}");
+        let sent: Value = serde_json::from_str(req["body"].as_str().unwrap()).unwrap();
+        assert_eq!(sent["top_k"], 5, "sent as written: {sent}");
+    }
+
+    // Its own family's only target is down: the agent gets that failure,
+    // in its family; nothing goes to the OpenAI target.
+    let down = untranslatable.replace("claude-mixed", "claude-mixed-down");
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &[], &down);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["type"], "error", "{}", r.text());
+    assert_eq!(r.header("x-loopgate-fallback"), None);
+    assert_eq!(
+        s.mock.requests().len(),
+        12,
+        "nothing reached the OpenAI target"
+    );
+    assert_eq!(s.down.requests().len(), 1);
+
+    // A body both families read falls back across them as before.
+    let fine = down.replace(",\"top_k\":5", "");
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &[], &fine);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-loopgate-provider"), Some("oa"));
+    assert_eq!(r.header("x-loopgate-fallback"), Some("an_down"));
 }
 
 #[test]

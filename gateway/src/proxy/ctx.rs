@@ -81,6 +81,9 @@ pub struct ModelPlan {
     /// An OpenAI agent's `stream_options.include_usage`, for a stream
     /// translated from Anthropic (`false` where nothing is translated).
     pub usage_chunk: bool,
+    /// On a route of both API families, a body the other family cannot
+    /// read faithfully (why): only targets of the agent's family serve it.
+    pub native_only: Option<Arc<str>>,
 }
 
 #[derive(Debug)]

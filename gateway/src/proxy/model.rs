@@ -58,9 +58,9 @@ pub async fn judge(
     }
     let plan = rules.check_body(&facts, verdict)?;
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
-    let usage_chunk = match route.translates(endpoint) {
+    let (usage_chunk, native_only) = match route.translates(endpoint) {
         true => translate_check(ctx, endpoint, &route, &body).await?,
-        false => false,
+        false => (false, None),
     };
     let watch = caller.context_watch();
     let context_share =
@@ -103,6 +103,7 @@ pub async fn judge(
             estimated_prompt,
             output: plan.output,
             usage_chunk,
+            native_only,
         }),
     })))
 }
@@ -271,26 +272,41 @@ fn find_route(
     Ok((Arc::from(name), route.clone()))
 }
 
-/// On a route whose targets speak both API families: the body must be
-/// translatable for the other family's targets, or nothing is sent
-/// (400 `untranslatable_request`, naming the field). Returns the OpenAI
-/// agent's `stream_options.include_usage` (its translated stream ends with
-/// a usage chunk only if it asked). Same-family routes: nothing done.
-fn translatable(endpoint: Endpoint, route: &Route, body: &[u8]) -> Result<bool, GatewayError> {
+/// What admission learned of a call on a route whose targets speak both
+/// API families: the OpenAI agent's `stream_options.include_usage` (its
+/// translated stream ends with a usage chunk only if it asked), and, for a
+/// body the other family cannot read faithfully, why: such a call goes
+/// only to the route's targets of the agent's own family (see
+/// [`translatable`]).
+type Translatable = (bool, Option<Arc<str>>);
+
+/// On a route whose targets speak both API families: whether the body can
+/// be translated for the other family's targets. When it cannot, it is
+/// sent as written to the targets of the agent's family and never to the
+/// others (a fallback across families is given up for this call, never a
+/// field dropped); a route with no target of the agent's family refuses it
+/// before anything is sent (400 `untranslatable_request`, naming the
+/// field). Same-family routes: nothing done.
+fn translatable(
+    endpoint: Endpoint,
+    route: &Route,
+    body: &[u8],
+) -> Result<Translatable, GatewayError> {
     if !route.translates(endpoint) {
-        return Ok(false);
+        return Ok((false, None));
     }
     let from = super::features::translate::endpoint_family(endpoint).ok_or_else(|| {
         GatewayError::Internal("a translated route on a non-chat endpoint".into())
     })?;
     let opts = loopgate_translate::request::Options::default();
     match loopgate_translate::request::translate(from, body, &opts) {
-        Ok(t) => Ok(t.usage_chunk),
+        Ok(t) => Ok((t.usage_chunk, None)),
+        Err(e) if route.targets.iter().any(|t| t.provider.serves(endpoint)) => {
+            Ok((false, Some(Arc::from(e.to_string()))))
+        }
         Err(e) => Err(Deny::new(
             DenyCode::UntranslatableRequest,
-            format!(
-                "this route may send the request to a provider of the other API family, and {e}"
-            ),
+            format!("this route sends the request to a provider of the other API family, and {e}"),
         )
         .never_retryable()
         .into()),
@@ -307,7 +323,7 @@ async fn translate_check(
     endpoint: Endpoint,
     route: &Arc<Route>,
     body: &Bytes,
-) -> Result<bool, GatewayError> {
+) -> Result<Translatable, GatewayError> {
     let trees = loopgate_policy::json::parse_cost(body).saturating_mul(2);
     let work = ctx.intake.judging(trees)?;
     let checked = if body.len() <= JUDGE_ASIDE_BYTES {
@@ -334,7 +350,7 @@ pub fn degrade(caller: &Caller<'_>, j: &mut Judged, to: &str) -> Result<bool, Ga
         return Ok(false);
     };
     let (name, route) = find_route(caller, m.endpoint, to)?;
-    m.usage_chunk = translatable(m.endpoint, &route, &renamed)?;
+    (m.usage_chunk, m.native_only) = translatable(m.endpoint, &route, &renamed)?;
     j.body = Bytes::from(renamed);
     j.body_rewritten = true;
     j.route_name = name;

@@ -63,13 +63,16 @@ pub enum Choice {
     Exhausted,
 }
 
-/// Picks the target for the next attempt. `transitions` collects breaker
-/// state changes (open -> half-open) that acquiring caused, for logging.
+/// Picks the target for the next attempt, never one in `tried` (tried
+/// already, or one the request may not go to). `transitions` collects
+/// breaker state changes (open -> half-open) that acquiring caused, for
+/// logging.
 pub fn choose(
     breakers: &BreakerSet,
     route: &Route,
     agent: &str,
     tried: &[usize],
+    first_attempt: bool,
     now: Duration,
     transitions: &mut Vec<(String, Transition)>,
 ) -> Result<Choice, Unknown> {
@@ -77,9 +80,9 @@ pub fn choose(
     // The first attempt on a route with several targets goes by weight and
     // health; after that, and on one-target routes (no list is built for
     // those), targets are tried in order.
-    let first = if tried.is_empty() && n > 1 {
-        let all: Vec<usize> = (0..n).collect();
-        weighted_pick(breakers, route, agent, &all, now)?
+    let first = if first_attempt && n > 1 {
+        let left: Vec<usize> = (0..n).filter(|i| !tried.contains(i)).collect();
+        weighted_pick(breakers, route, agent, &left, now)?
     } else {
         None
     };

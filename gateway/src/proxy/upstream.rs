@@ -40,6 +40,16 @@ impl Gateway {
         // One reading of the monotonic clock serves the whole attempt.
         let started = Instant::now();
         ctx.fallback.first_at.get_or_insert(started);
+        if let Some(m) = adm.model().filter(|m| m.native_only.is_some()) {
+            // The other family cannot read this body (admission decided):
+            // its targets count as tried, so no attempt or fallback goes
+            // there.
+            for (i, t) in route.targets.iter().enumerate() {
+                if !t.provider.serves(m.endpoint) && !ctx.fallback.tried.contains(&i) {
+                    ctx.fallback.tried.push(i);
+                }
+            }
+        }
         let picked = match ctx.fallback.retry_same.take() {
             // A pooled connection had gone stale: the same target again on
             // a fresh connection; not a new attempt.
@@ -130,6 +140,7 @@ impl Gateway {
             route,
             agent,
             &ctx.fallback.tried,
+            ctx.fallback.attempts == 0,
             now,
             &mut transitions,
         );
