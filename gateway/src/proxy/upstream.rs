@@ -40,10 +40,17 @@ impl Gateway {
         // One reading of the monotonic clock serves the whole attempt.
         let started = Instant::now();
         ctx.fallback.first_at.get_or_insert(started);
-        if let Some(m) = adm.model().filter(|m| m.native_only.is_some()) {
+        if let Some((m, why)) = adm.model().and_then(|m| Some((m, m.native_only.as_ref()?))) {
             // The other family cannot read this body (admission decided):
             // its targets count as tried, so no attempt or fallback goes
             // there.
+            if ctx.fallback.attempts == 0 {
+                log::debug!(
+                    "request {}: served by `{}`'s own API family only: {why}",
+                    ctx.request_id,
+                    adm.agent
+                );
+            }
             for (i, t) in route.targets.iter().enumerate() {
                 if !t.provider.serves(m.endpoint) && !ctx.fallback.tried.contains(&i) {
                     ctx.fallback.tried.push(i);
