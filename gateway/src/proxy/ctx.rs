@@ -81,6 +81,9 @@ pub struct ModelPlan {
     /// An OpenAI agent's `stream_options.include_usage`, for a stream
     /// translated from Anthropic (`false` where nothing is translated).
     pub usage_chunk: bool,
+    /// On a route of both families: the bodies of the targets of the
+    /// other family, translated once at admission (empty elsewhere).
+    pub translated: super::model::Translated,
 }
 
 #[derive(Debug)]
