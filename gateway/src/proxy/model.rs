@@ -2,7 +2,9 @@
 //! read whole and judged (model, phrases, output limit, tools the model
 //! is given), then the route. And the watchdog's degrade: the same call
 //! sent to a cheaper model's route. The output limit is written per
-//! attempt, for its target ([`output_edit`]).
+//! attempt, for its target ([`output_edit`]). On a route of both API
+//! families the body is translated here, once per target of the other
+//! family ([`translate_plan`]), and every attempt sends those bytes.
 
 use super::admit::{
     aside, read_body, Answer, Caller, FailMode, Judged, Judgement, JUDGE_ASIDE_BYTES,
@@ -276,7 +278,7 @@ fn find_route(
 /// API family, translated once at admission ([`translate_plan`]): every
 /// attempt and fallback to a target resends the same bytes, and none
 /// translates on the runtime's threads or uncharged.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Translated {
     /// By target: its body in its family (`None`: it speaks the agent's).
     bodies: Vec<Option<Bytes>>,
@@ -286,6 +288,20 @@ pub struct Translated {
     /// The agent's room, for the translated answer a target sends back
     /// (`features::translate`).
     pub room: Option<Room>,
+}
+
+impl std::fmt::Debug for Translated {
+    /// Sizes only: the bodies carry the agent's prompt.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sizes: Vec<Option<usize>> = self
+            .bodies
+            .iter()
+            .map(|b| b.as_ref().map(Bytes::len))
+            .collect();
+        f.debug_struct("Translated")
+            .field("bodies", &sizes)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a target's body is written from: the judged call.
