@@ -87,7 +87,10 @@ pub async fn judge(
         usage_chunk: false,
         translated: Translated::default(),
     };
-    translate_plan(caller.room, &route, &mut model_plan, &body).await?;
+    if route.translates(endpoint) {
+        // Boxed: its state does not grow every model call's future.
+        Box::pin(translate_plan(caller.room, &route, &mut model_plan, &body)).await?;
+    }
     Ok(Judgement::Forward(Box::new(Judged {
         route_name,
         route,
@@ -461,7 +464,7 @@ pub async fn degrade(caller: &Caller<'_>, j: &mut Judged, to: &str) -> Result<bo
     let (name, route) = find_route(caller, m.endpoint, to)?;
     let renamed = Bytes::from(renamed);
     m.degraded_from = Some(std::mem::replace(&mut m.model, to.to_string()));
-    translate_plan(caller.room, &route, m, &renamed).await?;
+    Box::pin(translate_plan(caller.room, &route, m, &renamed)).await?;
     j.body = renamed;
     j.body_rewritten = true;
     j.route_name = name;
