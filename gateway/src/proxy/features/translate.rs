@@ -239,7 +239,9 @@ impl Feature for Translate {
         match &mut self.mode {
             Mode::Idle => Ok(()),
             Mode::Stream(t) => {
-                let mut out = Vec::new();
+                // The agent's events run about as long as the provider's
+                // (within 2x): one allocation per read, not a regrowth.
+                let mut out = Vec::with_capacity(body.as_ref().map_or(0, |b| b.len() * 2));
                 if let Some(b) = body.take() {
                     t.feed(&b, &mut out).map_err(|e| {
                         log::warn!(
