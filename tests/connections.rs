@@ -87,6 +87,7 @@ for i in range(1000):
     s.sendall(req)
     conns.append(s)
 codes = {{}}
+first = {{}}
 for s in conns:
     s.settimeout(30)
     data = b""
@@ -100,14 +101,27 @@ for s in conns:
         pass
     code = data.split(b" ")[1].decode() if data.startswith(b"HTTP/1.1 ") else "none"
     codes[code] = codes.get(code, 0) + 1
+    if code != "200" and code not in first:
+        first[code] = data[:400]
 print(sorted(codes.items()), flush=True)
+for code, data in first.items():
+    print(code, data, flush=True)
 "#,
         req = chat_request("close"),
         port = gw.addr.port(),
     );
-    let (child, line) = python(&script);
+    let (mut child, line) = python(&script);
+    // What the script printed after the counts: the first answer of each
+    // other status, so a failure says what was answered.
+    let mut rest = String::new();
+    if let Some(out) = child.stdout.as_mut() {
+        let _ = out.read_to_string(&mut rest);
+    }
     done(child);
-    assert_eq!(line, "[('200', 1000)]", "every request answered 200");
+    assert_eq!(
+        line, "[('200', 1000)]",
+        "every request answered 200; first of each other status: {rest}"
+    );
     for reason in ["capacity", "client_share", "header_timeout", "malformed"] {
         assert_eq!(
             gw.metric(&format!(

@@ -202,3 +202,58 @@ agents:
     );
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// A JSON answer translated back into the agent's family is gathered
+/// whole, and charged against the body memory as it grows: under a
+/// 256 KiB total, an OpenAI answer of ~480 KiB for an Anthropic agent
+/// (`x-mock-chunks: 100000`) is refused before its header goes on, 503
+/// `gateway_overloaded` in the agent's family; a small one passes, and
+/// passes again after the refusal (what it held was given back). With
+/// the charge taken out the big answer gets 200 (this test fails).
+#[test]
+fn a_translated_answer_is_charged_as_it_is_gathered() {
+    let mock = Mock::start();
+    let cfg = format!(
+        r#"
+listen: {{ address: "127.0.0.1:{{PORT}}", connections: {{ body_memory_bytes: {total} }} }}
+threads: 2
+{providers}
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: ["*"]
+"#,
+        total = 256 * 1024,
+        providers = oa_an_providers(&mock, ""),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+    );
+    let gw = Gateway::start(&cfg);
+    let key = format!("x-api-key: {AGENT_KEY}");
+    let messages = gw.url("/v1/messages");
+    // gpt-4o-mini is served by the OpenAI-compatible provider: translated.
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 10,
+                      "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let send = |chunks: usize| {
+        let c = format!("x-mock-chunks: {chunks}");
+        curl_body(&[&messages, "-H", &key, "-H", &c], body.as_bytes())
+    };
+    let small = send(20);
+    assert_eq!(small.status, 200, "{}", small.text());
+    assert_eq!(small.json()["type"], "message");
+
+    let r = send(100_000);
+    assert_eq!(r.status, 503, "{}", &r.text()[..r.text().len().min(300)]);
+    assert_eq!(r.header("x-loopgate-error"), Some("gateway_overloaded"));
+    let e = r.json();
+    assert_eq!(e["type"], "error", "{e}");
+    assert_eq!(e["error"]["type"], "overloaded_error", "{e}");
+    let message = e["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("provider's answer"), "{message}");
+    assert_eq!(mock.received(), 2, "the big answer's call went upstream");
+
+    // Its charge given back, a small answer passes again.
+    let again = send(20);
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(again.json()["type"], "message");
+}

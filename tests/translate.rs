@@ -393,6 +393,9 @@ fn an_anthropic_agent_falls_back_to_a_local_openai_compatible_server() {
         .map(|r| r["path"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(down, ["/v1/messages", "/v1/chat/completions"]);
+    // Both OpenAI targets got the one translation made at admission.
+    let sent = |r: &Value| r["body_sha256"].as_str().unwrap_or_default().to_string();
+    assert_eq!(sent(&s.down.requests()[1]), sent(&s.mock.last_request()));
 
     let body = body.replace("\"max_tokens\":64", "\"max_tokens\":64,\"stream\":true");
     let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &[], &body);

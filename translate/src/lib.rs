@@ -15,7 +15,10 @@
 //!
 //! Agent-controlled JSON is read with `get`/`as_*` only (no indexing, no
 //! `unwrap`), and parsed strictly: a key given twice anywhere is refused
-//! ([`strict`]), since two readers could take either value.
+//! ([`strict`]), since two readers could take either value. A stream's
+//! events are read into typed borrowing structs (`events`), where a key
+//! given twice is refused among the fields read; the others are skipped
+//! unread and reach no one.
 //!
 //! - [`request`]: request bodies, [`request::openai_to_anthropic`] and
 //!   [`request::anthropic_to_openai`].
@@ -25,6 +28,7 @@
 //! - [`stream`]: the SSE translators ([`stream::StreamTranslator`]).
 
 pub mod error;
+mod events;
 pub mod request;
 pub mod response;
 mod sse;

@@ -15,7 +15,7 @@ fn refuse<T>(field: impl Into<String>, reason: Reason) -> R<T> {
 }
 
 /// How a request is translated.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Options {
     /// `max_tokens` for Anthropic when the OpenAI request sets no output
     /// limit (Anthropic requires one).

@@ -25,11 +25,21 @@
 //! cannot translate, or the gateway gives up on it) ends with
 //! [`StreamTranslator::fail`]: an error event in the agent's family.
 //! An upstream's own error event is passed on in the agent's family.
+//!
+//! Each event is read into typed structs that borrow from its bytes
+//! ([`crate::events`]), never into a `serde_json::Value` tree, and the
+//! agent's events are written straight into the output (keys in the
+//! order a `serde_json::Map` writes them, so the bytes are what a tree
+//! would have written): a text delta costs no allocation.
 
+use crate::events::{
+    self, AnthropicUsage, Chunk, Delta, ErrorBody, Event as AnthropicEvent, Field, Input,
+    OpenAiUsage, ToolCall,
+};
 use crate::response::Usage;
 use crate::sse::{Event, SseError, SseReader};
-use crate::{error, finish_reason, stop_reason, strict, Family, Reason, Untranslatable, R};
-use serde_json::{json, Value};
+use crate::{error, finish_reason, stop_reason, Family, Reason, Untranslatable, R};
+use std::io::Write;
 
 /// Most tool calls in one answer (each needs a line of state).
 const MAX_TOOL_CALLS: u32 = 1024;
@@ -175,31 +185,40 @@ fn malformed<T>(field: &str) -> R<T> {
     Err(Untranslatable::new(field, Reason::Malformed))
 }
 
-fn parse(data: &[u8]) -> R<Value> {
-    match strict::parse(data) {
-        Ok(v @ Value::Object(_)) => Ok(v),
-        _ => malformed("event.data"),
-    }
+/// An event's data, read into its typed struct (see [`crate::events`]).
+fn parse<'a, T: serde::Deserialize<'a>>(data: &'a [u8]) -> R<T> {
+    events::parse(data).or_else(|_| malformed("event.data"))
 }
 
-/// `event: name` + `data: v` for an Anthropic agent.
-fn anthropic_event(out: &mut Vec<u8>, name: &str, v: &Value) -> R<()> {
+/// A JSON string.
+fn string(out: &mut Vec<u8>, s: &str) {
+    // Writing into a `Vec` cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+fn number(out: &mut Vec<u8>, n: u64) {
+    let _ = write!(out, "{n}");
+}
+
+/// `event: name` + `data: ` for an Anthropic agent; the data follows,
+/// then [`end_event`].
+fn anthropic_event(out: &mut Vec<u8>, name: &str) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(b"\ndata: ");
-    serde_json::to_writer(&mut *out, v).or_else(|_| malformed("event.data"))?;
+}
+
+fn end_event(out: &mut Vec<u8>) {
     out.extend_from_slice(b"\n\n");
-    Ok(())
 }
 
 /// An upstream's error event, passed on in the agent's family.
-fn upstream_error(agent: Family, v: &Value, out: &mut Vec<u8>) -> End {
-    let e = v.get("error");
+fn upstream_error(agent: Family, e: &Field<ErrorBody<'_>>, out: &mut Vec<u8>) -> End {
+    let e = e.get();
     let message = e
-        .and_then(|e| e.get("message"))
-        .and_then(Value::as_str)
+        .and_then(|e| e.message.str())
         .unwrap_or("the provider's stream failed");
-    let ty = e.and_then(|e| e.get("type")).and_then(Value::as_str);
+    let ty = e.and_then(|e| e.ty.str());
     let status = match ty {
         Some("overloaded_error") => 529,
         Some("rate_limit_error") | Some("rate_limit_exceeded") => 429,
@@ -207,6 +226,35 @@ fn upstream_error(agent: Family, v: &Value, out: &mut Vec<u8>) -> End {
     };
     out.extend_from_slice(&error::sse_event(agent, status, message, ty));
     End::UpstreamError
+}
+
+/// OpenAI's usage object (a value of another shape reads as all zeros).
+fn openai_usage(u: Option<&OpenAiUsage>) -> Usage {
+    let n = |f: Option<&Field<u64>>| f.and_then(Field::u64).unwrap_or(0);
+    let prompt = n(u.map(|u| &u.prompt_tokens));
+    let cached = n(u
+        .and_then(|u| u.prompt_tokens_details.get())
+        .map(|d| &d.cached_tokens));
+    Usage {
+        input: prompt.saturating_sub(cached),
+        output: n(u.map(|u| &u.completion_tokens)),
+        cache_read: cached.min(prompt),
+        cache_creation: 0,
+    }
+}
+
+/// Anthropic's usage object; fields it leaves out keep their value (a
+/// stream's `message_delta` may carry only `output_tokens`).
+fn update_usage(usage: &mut Usage, u: &AnthropicUsage) {
+    let set = |slot: &mut u64, f: &Field<u64>| {
+        if let Some(n) = f.u64() {
+            *slot = n;
+        }
+    };
+    set(&mut usage.input, &u.input_tokens);
+    set(&mut usage.output, &u.output_tokens);
+    set(&mut usage.cache_read, &u.cache_read_input_tokens);
+    set(&mut usage.cache_creation, &u.cache_creation_input_tokens);
 }
 
 // ----- OpenAI chunks -> Anthropic events ------------------------------
@@ -235,126 +283,135 @@ impl FromOpenAi {
         if data == b"[DONE]" {
             return self.done(usage, out);
         }
-        let v = parse(data)?;
-        if v.get("error").is_some_and(|e| !e.is_null()) {
-            return Ok(upstream_error(Family::Anthropic, &v, out));
+        let v: Chunk = parse(data)?;
+        if v.error.given() {
+            return Ok(upstream_error(Family::Anthropic, &v.error, out));
         }
         if !self.started {
-            let (Some(id), Some(model)) = (
-                v.get("id").and_then(Value::as_str),
-                v.get("model").and_then(Value::as_str),
-            ) else {
+            let (Some(id), Some(model)) = (v.id.str(), v.model.str()) else {
                 return malformed("id");
             };
             self.started = true;
-            anthropic_event(
-                out,
-                "message_start",
-                &json!({"type": "message_start", "message": {
-                    "id": id, "type": "message", "role": "assistant", "model": model,
-                    "content": [], "stop_reason": null, "stop_sequence": null,
-                    "usage": {"input_tokens": 0, "output_tokens": 0},
-                }}),
-            )?;
+            anthropic_event(out, "message_start");
+            out.extend_from_slice(b"{\"message\":{\"content\":[],\"id\":");
+            string(out, id);
+            out.extend_from_slice(b",\"model\":");
+            string(out, model);
+            out.extend_from_slice(
+                b",\"role\":\"assistant\",\"stop_reason\":null,\"stop_sequence\":null,\
+                  \"type\":\"message\",\"usage\":{\"input_tokens\":0,\"output_tokens\":0}},\
+                  \"type\":\"message_start\"}",
+            );
+            end_event(out);
         }
-        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-            *usage = Usage::from_openai(u);
+        match &v.usage {
+            Field::Absent | Field::Null => {}
+            u => *usage = openai_usage(u.get()),
         }
-        let choices = match v.get("choices") {
-            None | Some(Value::Null) => return Ok(End::Open),
-            Some(Value::Array(c)) => c,
-            Some(_) => return malformed("choices"),
+        let choices = match &v.choices {
+            Field::Absent | Field::Null => return Ok(End::Open),
+            Field::Is(c) => c,
+            Field::Other => return malformed("choices"),
         };
-        for c in choices {
-            if c.get("index").and_then(Value::as_u64) != Some(0) {
+        for c in choices.iter() {
+            let Some(c) = c.get().filter(|c| c.index.u64() == Some(0)) else {
                 return malformed("choices[].index");
+            };
+            match &c.delta {
+                Field::Absent | Field::Null => {}
+                Field::Is(d) => self.delta(d, out)?,
+                // Not an object: it has nothing to say.
+                Field::Other => self.delta_none()?,
             }
-            if let Some(d) = c.get("delta").filter(|d| !d.is_null()) {
-                self.delta(d, out)?;
-            }
-            if let Some(f) = c.get("finish_reason").filter(|f| !f.is_null()) {
-                let Some(s) = f.as_str().and_then(stop_reason) else {
+            if c.finish_reason.given() {
+                let Some(s) = c.finish_reason.str().and_then(stop_reason) else {
                     return malformed("choices[0].finish_reason");
                 };
                 self.stop = Some(if self.refusal { "refusal" } else { s });
-                self.close(out)?;
+                self.close(out);
             }
         }
         Ok(End::Open)
     }
 
-    fn delta(&mut self, d: &Value, out: &mut Vec<u8>) -> R<()> {
+    /// A delta that is not an object (it carries nothing).
+    fn delta_none(&mut self) -> R<()> {
         if self.stop.is_some() {
             return malformed("choices[0].delta");
-        }
-        for (k, refusal) in [("content", false), ("refusal", true)] {
-            match d.get(k) {
-                None | Some(Value::Null) => {}
-                Some(Value::String(t)) => {
-                    self.refusal |= refusal;
-                    if !t.is_empty() {
-                        self.text(t, out)?;
-                    }
-                }
-                Some(_) => return malformed("choices[0].delta.content"),
-            }
-        }
-        match d.get("tool_calls") {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(calls)) => {
-                for c in calls {
-                    self.tool_call(c, out)?;
-                }
-            }
-            Some(_) => return malformed("choices[0].delta.tool_calls"),
         }
         Ok(())
     }
 
-    fn text(&mut self, t: &str, out: &mut Vec<u8>) -> R<()> {
+    fn delta(&mut self, d: &Delta<'_>, out: &mut Vec<u8>) -> R<()> {
+        self.delta_none()?;
+        for (f, refusal) in [(&d.content, false), (&d.refusal, true)] {
+            match f {
+                Field::Absent | Field::Null => {}
+                Field::Is(t) => {
+                    self.refusal |= refusal;
+                    if !t.is_empty() {
+                        self.text(t, out);
+                    }
+                }
+                Field::Other => return malformed("choices[0].delta.content"),
+            }
+        }
+        match &d.tool_calls {
+            Field::Absent | Field::Null => {}
+            Field::Is(calls) => {
+                for c in calls.iter() {
+                    self.tool_call(c, out)?;
+                }
+            }
+            Field::Other => return malformed("choices[0].delta.tool_calls"),
+        }
+        Ok(())
+    }
+
+    fn text(&mut self, t: &str, out: &mut Vec<u8>) {
         let index = match self.open {
             Some(Open::Text(i)) => i,
             _ => {
-                self.close(out)?;
+                self.close(out);
                 let i = self.next_block;
                 self.next_block += 1;
                 self.open = Some(Open::Text(i));
-                anthropic_event(
-                    out,
-                    "content_block_start",
-                    &json!({"type": "content_block_start", "index": i,
-                            "content_block": {"type": "text", "text": ""}}),
-                )?;
+                anthropic_event(out, "content_block_start");
+                out.extend_from_slice(
+                    b"{\"content_block\":{\"text\":\"\",\"type\":\"text\"},\"index\":",
+                );
+                number(out, i.into());
+                out.extend_from_slice(b",\"type\":\"content_block_start\"}");
+                end_event(out);
                 i
             }
         };
         out.extend_from_slice(
             b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":",
         );
-        out.extend_from_slice(index.to_string().as_bytes());
+        number(out, index.into());
         out.extend_from_slice(b",\"delta\":{\"type\":\"text_delta\",\"text\":");
-        serde_json::to_writer(&mut *out, t).or_else(|_| malformed("text"))?;
+        string(out, t);
         out.extend_from_slice(b"}}\n\n");
-        Ok(())
     }
 
-    fn tool_call(&mut self, c: &Value, out: &mut Vec<u8>) -> R<()> {
-        let Some(call) = c.get("index").and_then(Value::as_u64) else {
+    fn tool_call(&mut self, c: &Field<ToolCall<'_>>, out: &mut Vec<u8>) -> R<()> {
+        let Some((c, call)) = c.get().and_then(|c| Some((c, c.index.u64()?))) else {
             return malformed("choices[0].delta.tool_calls[].index");
         };
-        let f = c.get("function");
-        let args = match f.and_then(|f| f.get("arguments")) {
-            None | Some(Value::Null) => "",
-            Some(Value::String(a)) => a.as_str(),
-            Some(_) => return malformed("choices[0].delta.tool_calls[].function.arguments"),
+        let f = c.function.get();
+        let args = match f.map_or(&Field::Absent, |f| &f.arguments) {
+            Field::Absent | Field::Null => "",
+            Field::Is(a) => a,
+            Field::Other => return malformed("choices[0].delta.tool_calls[].function.arguments"),
         };
-        let block = match (c.get("id").and_then(Value::as_str), self.open) {
+        let block = match (c.id.str(), self.open) {
             (Some(id), _) if self.last_call != Some(call) => {
                 // A new call: it opens its block; calls arrive one after another.
                 if self.last_call.is_some_and(|l| call <= l) {
                     return malformed("choices[0].delta.tool_calls[].index");
                 }
-                let Some(name) = f.and_then(|f| f.get("name")).and_then(Value::as_str) else {
+                let Some(name) = f.and_then(|f| f.name.str()) else {
                     return malformed("choices[0].delta.tool_calls[].function.name");
                 };
                 if self.calls >= MAX_TOOL_CALLS {
@@ -363,18 +420,21 @@ impl FromOpenAi {
                         Reason::OutOfRange,
                     ));
                 }
-                self.close(out)?;
+                self.close(out);
                 self.calls += 1;
                 self.last_call = Some(call);
                 let i = self.next_block;
                 self.next_block += 1;
                 self.open = Some(Open::Tool(i, call));
-                anthropic_event(
-                    out,
-                    "content_block_start",
-                    &json!({"type": "content_block_start", "index": i,
-                            "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
-                )?;
+                anthropic_event(out, "content_block_start");
+                out.extend_from_slice(b"{\"content_block\":{\"id\":");
+                string(out, id);
+                out.extend_from_slice(b",\"input\":{},\"name\":");
+                string(out, name);
+                out.extend_from_slice(b",\"type\":\"tool_use\"},\"index\":");
+                number(out, i.into());
+                out.extend_from_slice(b",\"type\":\"content_block_start\"}");
+                end_event(out);
                 i
             }
             // More arguments for the call whose block is open.
@@ -387,23 +447,22 @@ impl FromOpenAi {
             out.extend_from_slice(
                 b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":",
             );
-            out.extend_from_slice(block.to_string().as_bytes());
+            number(out, block.into());
             out.extend_from_slice(b",\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":");
-            serde_json::to_writer(&mut *out, args).or_else(|_| malformed("arguments"))?;
+            string(out, args);
             out.extend_from_slice(b"}}\n\n");
         }
         Ok(())
     }
 
-    fn close(&mut self, out: &mut Vec<u8>) -> R<()> {
+    fn close(&mut self, out: &mut Vec<u8>) {
         if let Some(Open::Text(i) | Open::Tool(i, _)) = self.open.take() {
-            anthropic_event(
-                out,
-                "content_block_stop",
-                &json!({"type": "content_block_stop", "index": i}),
-            )?;
+            anthropic_event(out, "content_block_stop");
+            out.extend_from_slice(b"{\"index\":");
+            number(out, i.into());
+            out.extend_from_slice(b",\"type\":\"content_block_stop\"}");
+            end_event(out);
         }
-        Ok(())
     }
 
     fn done(&mut self, usage: &Usage, out: &mut Vec<u8>) -> R<End> {
@@ -413,15 +472,31 @@ impl FromOpenAi {
         if !self.started {
             return malformed("id");
         }
-        self.close(out)?;
-        anthropic_event(
-            out,
-            "message_delta",
-            &json!({"type": "message_delta",
-                    "delta": {"stop_reason": stop, "stop_sequence": null},
-                    "usage": usage.to_anthropic()}),
-        )?;
-        anthropic_event(out, "message_stop", &json!({"type": "message_stop"}))?;
+        self.close(out);
+        anthropic_event(out, "message_delta");
+        out.extend_from_slice(b"{\"delta\":{\"stop_reason\":");
+        string(out, stop);
+        out.extend_from_slice(b",\"stop_sequence\":null},\"type\":\"message_delta\",\"usage\":");
+        // The keys in order, as `Usage::to_anthropic` writes them.
+        for (i, (k, n)) in [
+            ("cache_creation_input_tokens", usage.cache_creation),
+            ("cache_read_input_tokens", usage.cache_read),
+            ("input_tokens", usage.input),
+            ("output_tokens", usage.output),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            out.extend_from_slice(if i == 0 { b"{\"" } else { b",\"" });
+            out.extend_from_slice(k.as_bytes());
+            out.extend_from_slice(b"\":");
+            number(out, n);
+        }
+        out.extend_from_slice(b"}}");
+        end_event(out);
+        anthropic_event(out, "message_stop");
+        out.extend_from_slice(b"{\"type\":\"message_stop\"}");
+        end_event(out);
         Ok(End::Complete)
     }
 }
@@ -454,8 +529,8 @@ struct FromAnthropic {
 
 impl FromAnthropic {
     fn event(&mut self, name: &[u8], data: &[u8], usage: &mut Usage, out: &mut Vec<u8>) -> R<End> {
-        let v = parse(data)?;
-        let Some(ty) = v.get("type").and_then(Value::as_str) else {
+        let v: AnthropicEvent = parse(data)?;
+        let Some(ty) = v.ty.str() else {
             return malformed("event.type");
         };
         // The SDKs read the `event:` name, this reads the data's type: they
@@ -464,7 +539,7 @@ impl FromAnthropic {
             return malformed("event");
         }
         if ty == "error" {
-            return Ok(upstream_error(Family::OpenAi, &v, out));
+            return Ok(upstream_error(Family::OpenAi, &v.error, out));
         }
         if ty == "ping" {
             return Ok(End::Open);
@@ -474,11 +549,10 @@ impl FromAnthropic {
         }
         match ty {
             "message_start" => {
-                let m = v.get("message");
-                let (Some(id), Some(model)) = (
-                    m.and_then(|m| m.get("id")).and_then(Value::as_str),
-                    m.and_then(|m| m.get("model")).and_then(Value::as_str),
-                ) else {
+                let m = v.message.get();
+                let (Some(id), Some(model)) =
+                    (m.and_then(|m| m.id.str()), m.and_then(|m| m.model.str()))
+                else {
                     return malformed("message_start.message");
                 };
                 if self.started {
@@ -487,35 +561,32 @@ impl FromAnthropic {
                 self.started = true;
                 self.id = id.to_owned();
                 self.model = model.to_owned();
-                if let Some(u) = m.and_then(|m| m.get("usage")) {
-                    usage.update_from_anthropic(u);
+                if let Some(u) = m.and_then(|m| m.usage.get()) {
+                    update_usage(usage, u);
                 }
             }
             "content_block_start" => {
-                let (Some(index), Some(b)) = (
-                    v.get("index").and_then(Value::as_u64),
-                    v.get("content_block"),
-                ) else {
+                let (Some(index), true) = (v.index.u64(), v.content_block.present()) else {
                     return malformed("content_block_start");
                 };
                 if self.open.is_some() || self.finished {
                     return malformed("content_block_start");
                 }
-                match b.get("type").and_then(Value::as_str) {
+                let b = v.content_block.get();
+                match b.and_then(|b| b.ty.str()) {
                     Some("text") => {
-                        self.role_chunk(out)?;
+                        self.role_chunk(out);
                         self.open = Some((index, Block::Text));
-                        match b.get("text").and_then(Value::as_str) {
+                        match b.and_then(|b| b.text.str()) {
                             Some("") => {}
-                            Some(t) => self.chunk(out, &json!({"content": t}), None)?,
+                            Some(t) => self.text_chunk(out, t),
                             None => return malformed("content_block_start.content_block.text"),
                         }
                     }
                     Some("tool_use") => {
-                        let (Some(id), Some(name)) = (
-                            b.get("id").and_then(Value::as_str),
-                            b.get("name").and_then(Value::as_str),
-                        ) else {
+                        let (Some(id), Some(name)) =
+                            (b.and_then(|b| b.id.str()), b.and_then(|b| b.name.str()))
+                        else {
                             return malformed("content_block_start.content_block");
                         };
                         if self.calls >= MAX_TOOL_CALLS {
@@ -524,26 +595,33 @@ impl FromAnthropic {
                                 Reason::OutOfRange,
                             ));
                         }
+                        // The block's input is normally `{}` and streamed;
+                        // one given whole is sent whole.
+                        let whole = match b.map_or(&Field::Absent, |b| &b.input) {
+                            Field::Absent | Field::Is(Input::Empty) => None,
+                            Field::Is(Input::Whole(i)) => Some(i.to_string()),
+                            _ => return malformed("content_block_start.content_block.input"),
+                        };
                         let k = self.calls;
                         self.calls += 1;
                         self.open = Some((index, Block::Tool(k)));
-                        // The block's input is normally `{}` and streamed;
-                        // one given whole is sent whole.
-                        let args = match b.get("input") {
-                            None => String::new(),
-                            Some(Value::Object(m)) if m.is_empty() => String::new(),
-                            Some(i @ Value::Object(_)) => i.to_string(),
-                            Some(_) => return malformed("content_block_start.content_block.input"),
-                        };
-                        let mut delta = json!({"tool_calls": [{"index": k, "id": id, "type": "function",
-                                                "function": {"name": name, "arguments": args}}]});
+                        self.head(out);
+                        out.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":{");
                         if !self.role_sent {
                             // The answer starts with a call: no content.
                             self.role_sent = true;
-                            delta["role"] = json!("assistant");
-                            delta["content"] = Value::Null;
+                            out.extend_from_slice(b"\"content\":null,\"role\":\"assistant\",");
                         }
-                        self.chunk(out, &delta, None)?;
+                        out.extend_from_slice(b"\"tool_calls\":[{\"function\":{\"arguments\":");
+                        string(out, whole.as_deref().unwrap_or(""));
+                        out.extend_from_slice(b",\"name\":");
+                        string(out, name);
+                        out.extend_from_slice(b"},\"id\":");
+                        string(out, id);
+                        out.extend_from_slice(b",\"index\":");
+                        number(out, k.into());
+                        out.extend_from_slice(b",\"type\":\"function\"}]}");
+                        self.chunk_end(out, None);
                     }
                     // thinking, redacted_thinking, server tools: refused
                     // in the request, so never expected here.
@@ -556,31 +634,34 @@ impl FromAnthropic {
                 }
             }
             "content_block_delta" => {
-                let (Some(index), Some(d)) =
-                    (v.get("index").and_then(Value::as_u64), v.get("delta"))
-                else {
+                let (Some(index), true) = (v.index.u64(), v.delta.present()) else {
                     return malformed("content_block_delta");
                 };
                 let Some((_, block)) = self.open.filter(|(i, _)| *i == index) else {
                     return malformed("content_block_delta.index");
                 };
-                match (d.get("type").and_then(Value::as_str), block) {
+                let d = v.delta.get();
+                match (d.and_then(|d| d.ty.str()), block) {
                     (Some("text_delta"), Block::Text) => {
-                        let Some(t) = d.get("text").and_then(Value::as_str) else {
+                        let Some(t) = d.and_then(|d| d.text.str()) else {
                             return malformed("content_block_delta.delta.text");
                         };
-                        self.text_chunk(out, t)?;
+                        self.text_chunk(out, t);
                     }
                     (Some("input_json_delta"), Block::Tool(k)) => {
-                        let Some(p) = d.get("partial_json").and_then(Value::as_str) else {
+                        let Some(p) = d.and_then(|d| d.partial_json.str()) else {
                             return malformed("content_block_delta.delta.partial_json");
                         };
                         if !p.is_empty() {
-                            self.chunk(
-                                out,
-                                &json!({"tool_calls": [{"index": k, "function": {"arguments": p}}]}),
-                                None,
-                            )?;
+                            self.head(out);
+                            out.extend_from_slice(
+                                b",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"function\":{\"arguments\":",
+                            );
+                            string(out, p);
+                            out.extend_from_slice(b"},\"index\":");
+                            number(out, k.into());
+                            out.extend_from_slice(b"}]}");
+                            self.chunk_end(out, None);
                         }
                     }
                     _ => {
@@ -591,35 +672,26 @@ impl FromAnthropic {
                     }
                 }
             }
-            "content_block_stop" => {
-                let index = v.get("index").and_then(Value::as_u64);
-                match self.open {
-                    Some((i, _)) if Some(i) == index => self.open = None,
-                    _ => return malformed("content_block_stop.index"),
-                }
-            }
+            "content_block_stop" => match self.open {
+                Some((i, _)) if Some(i) == v.index.u64() => self.open = None,
+                _ => return malformed("content_block_stop.index"),
+            },
             "message_delta" => {
-                if let Some(u) = v.get("usage") {
-                    usage.update_from_anthropic(u);
+                if let Some(u) = v.usage.get() {
+                    update_usage(usage, u);
                 }
-                match v
-                    .get("delta")
-                    .and_then(|d| d.get("stop_reason"))
-                    .filter(|s| !s.is_null())
-                {
-                    None => {}
-                    Some(s) => {
-                        let Some(f) = s.as_str().and_then(finish_reason) else {
-                            return malformed("message_delta.delta.stop_reason");
-                        };
-                        if self.finished || self.open.is_some() {
-                            return malformed("message_delta");
-                        }
-                        // An answer without a block still has its role.
-                        self.role_chunk(out)?;
-                        self.finished = true;
-                        self.chunk(out, &json!({}), Some(f))?;
+                let stop = v.delta.get().map_or(&Field::Absent, |d| &d.stop_reason);
+                if stop.given() {
+                    let Some(f) = stop.str().and_then(finish_reason) else {
+                        return malformed("message_delta.delta.stop_reason");
+                    };
+                    if self.finished || self.open.is_some() {
+                        return malformed("message_delta");
                     }
+                    // An answer without a block still has its role.
+                    self.role_chunk(out);
+                    self.finished = true;
+                    self.chunk(out, b"{}", Some(f));
                 }
             }
             "message_stop" => {
@@ -627,7 +699,7 @@ impl FromAnthropic {
                     return malformed("message_delta.delta.stop_reason");
                 }
                 if self.usage_chunk {
-                    self.usage_chunk(out, usage)?;
+                    self.usage_chunk(out, usage);
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
                 return Ok(End::Complete);
@@ -640,28 +712,33 @@ impl FromAnthropic {
     }
 
     /// The first chunk, before the first text (once).
-    fn role_chunk(&mut self, out: &mut Vec<u8>) -> R<()> {
+    fn role_chunk(&mut self, out: &mut Vec<u8>) {
         if self.role_sent {
-            return Ok(());
+            return;
         }
         self.role_sent = true;
-        self.chunk(out, &json!({"role": "assistant", "content": ""}), None)
+        self.chunk(out, b"{\"content\":\"\",\"role\":\"assistant\"}", None);
     }
 
-    fn head(&self, out: &mut Vec<u8>) -> R<()> {
+    fn head(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"data: {\"id\":");
-        serde_json::to_writer(&mut *out, &self.id).or_else(|_| malformed("id"))?;
+        string(out, &self.id);
         out.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
-        out.extend_from_slice(self.created.to_string().as_bytes());
+        number(out, self.created);
         out.extend_from_slice(b",\"model\":");
-        serde_json::to_writer(&mut *out, &self.model).or_else(|_| malformed("model"))?;
-        Ok(())
+        string(out, &self.model);
     }
 
-    fn chunk(&self, out: &mut Vec<u8>, delta: &Value, finish: Option<&str>) -> R<()> {
-        self.head(out)?;
+    /// A chunk whose delta is the JSON `delta`.
+    fn chunk(&self, out: &mut Vec<u8>, delta: &[u8], finish: Option<&str>) {
+        self.head(out);
         out.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":");
-        serde_json::to_writer(&mut *out, delta).or_else(|_| malformed("delta"))?;
+        out.extend_from_slice(delta);
+        self.chunk_end(out, finish);
+    }
+
+    /// What follows a chunk's delta.
+    fn chunk_end(&self, out: &mut Vec<u8>, finish: Option<&str>) {
         out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":");
         match finish {
             Some(f) => {
@@ -672,22 +749,28 @@ impl FromAnthropic {
             None => out.extend_from_slice(b"null"),
         }
         out.extend_from_slice(b"}]}\n\n");
-        Ok(())
     }
 
-    fn text_chunk(&self, out: &mut Vec<u8>, t: &str) -> R<()> {
-        self.head(out)?;
+    fn text_chunk(&self, out: &mut Vec<u8>, t: &str) {
+        self.head(out);
         out.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
-        serde_json::to_writer(&mut *out, t).or_else(|_| malformed("text"))?;
+        string(out, t);
         out.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-        Ok(())
     }
 
-    fn usage_chunk(&self, out: &mut Vec<u8>, usage: &Usage) -> R<()> {
-        self.head(out)?;
+    fn usage_chunk(&self, out: &mut Vec<u8>, usage: &Usage) {
+        self.head(out);
         out.extend_from_slice(b",\"choices\":[],\"usage\":");
-        serde_json::to_writer(&mut *out, &usage.to_openai()).or_else(|_| malformed("usage"))?;
-        out.extend_from_slice(b"}\n\n");
-        Ok(())
+        // The keys in order, as `Usage::to_openai` writes them.
+        let prompt = usage.prompt();
+        out.extend_from_slice(b"{\"completion_tokens\":");
+        number(out, usage.output);
+        out.extend_from_slice(b",\"prompt_tokens\":");
+        number(out, prompt);
+        out.extend_from_slice(b",\"prompt_tokens_details\":{\"cached_tokens\":");
+        number(out, usage.cache_read);
+        out.extend_from_slice(b"},\"total_tokens\":");
+        number(out, prompt.saturating_add(usage.output));
+        out.extend_from_slice(b"}}\n\n");
     }
 }

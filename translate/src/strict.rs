@@ -17,6 +17,12 @@ pub fn parse_str(s: &str) -> Result<Value, serde_json::Error> {
     serde_json::from_str::<Strict>(s).map(|s| s.0)
 }
 
+/// One JSON object, strictly, from a deserializer's map (a typed reader's
+/// field that must be kept as a tree).
+pub(crate) fn visit_map<'de, A: MapAccess<'de>>(map: A) -> Result<Value, A::Error> {
+    StrictVisitor.visit_map(map).map(|s| s.0)
+}
+
 struct Strict(Value);
 
 impl<'de> Deserialize<'de> for Strict {

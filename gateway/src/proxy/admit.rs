@@ -99,6 +99,9 @@ pub struct Caller<'a> {
     pub cfg: &'a Config,
     pub agent_idx: usize,
     pub task: Option<&'a str>,
+    /// The agent's room in the body memory, for what the call holds
+    /// beside its body.
+    pub room: &'a super::buffers::Room,
 }
 
 impl Caller<'_> {
@@ -177,7 +180,8 @@ pub async fn admit(
     let agent_idx = authenticate(session, cfg)?;
     let rules = &cfg.agents[agent_idx];
     ctx.agent = Some(rules.name.clone());
-    ctx.intake.hold = Some(body_share(rules, bodies, cfg.connections.body_memory));
+    let room = body_room(rules, bodies, cfg.connections.body_memory);
+    ctx.intake.hold = Some(room.hold());
     // The one reader of the task id: what the required-header rule sees
     // present is what the guards key on, or the request is refused.
     let task = task_id(session)?.map(str::to_string);
@@ -185,6 +189,7 @@ pub async fn admit(
         cfg,
         agent_idx,
         task: task.as_deref(),
+        room: &room,
     };
     // 2. The call, by its kind's rules.
     let mut verdict = Verdict::default();
@@ -258,11 +263,11 @@ fn prediction<'c>(caller: &Caller<'c>, j: &Judged) -> Option<(&'c Forecast, u64)
 /// The agent's share of the memory bodies are read into: bodies beyond
 /// what the agent may have in flight would only be refused by its limits
 /// after they were read, so they are not read.
-fn body_share(
+fn body_room(
     rules: &loopgate_policy::AgentRules,
     bodies: &Arc<super::buffers::BodyBuffers>,
     total: u64,
-) -> super::buffers::Held {
+) -> super::buffers::Room {
     let share = rules.max_body_bytes.saturating_mul(
         rules
             .limits
@@ -270,7 +275,7 @@ fn body_share(
             .unwrap_or(super::buffers::DEFAULT_BODIES_PER_AGENT)
             .max(1),
     );
-    bodies.hold(rules.name.clone(), share, total)
+    bodies.room(rules.name.clone(), share, total)
 }
 
 /// Steps 3 to 5: limits, then the task guards, under one fail mode. A call
@@ -365,7 +370,7 @@ async fn task_guards(
             Some(Watch::Degrade(to)) => {
                 // Only a model call has a cheaper model to go to; any
                 // other call is warned.
-                out.guard = Some(match super::model::degrade(caller, j, &to)? {
+                out.guard = Some(match super::model::degrade(caller, j, &to).await? {
                     true => "degraded",
                     false => "warn",
                 });

@@ -46,6 +46,25 @@ pub struct Held {
     bytes: u64,
 }
 
+/// An agent's room in the gateway's body memory: its share and the total.
+/// A request makes its holds here: for its body, and for what it holds
+/// beside it (a translated body, a translated answer being gathered).
+#[derive(Debug, Clone)]
+pub struct Room {
+    buffers: Arc<BodyBuffers>,
+    agent: Arc<str>,
+    agent_cap: u64,
+    total_cap: u64,
+}
+
+impl Room {
+    /// An empty hold in this room.
+    pub fn hold(&self) -> Held {
+        self.buffers
+            .hold(self.agent.clone(), self.agent_cap, self.total_cap)
+    }
+}
+
 impl BodyBuffers {
     /// A hold for one request of `agent`, empty until it grows.
     pub fn hold(self: &Arc<Self>, agent: Arc<str>, agent_cap: u64, total_cap: u64) -> Held {
@@ -55,6 +74,16 @@ impl BodyBuffers {
             agent_cap,
             total_cap,
             bytes: 0,
+        }
+    }
+
+    /// The room of `agent`: its share `agent_cap`, within `total_cap`.
+    pub fn room(self: &Arc<Self>, agent: Arc<str>, agent_cap: u64, total_cap: u64) -> Room {
+        Room {
+            buffers: self.clone(),
+            agent,
+            agent_cap,
+            total_cap,
         }
     }
 
@@ -107,6 +136,47 @@ impl Held {
         *mine += more;
         self.bytes += more;
         Ok(())
+    }
+
+    /// Charges `work`, what judging a body may allocate, against the
+    /// gateway's total and an agent share that makes room for it (see
+    /// [`BodyIntake::judging`]): work that could never fit is refused for
+    /// good (413 `body_too_large`).
+    pub fn judging(&mut self, work: u64) -> Result<(), GatewayError> {
+        let room = self.work_room();
+        if work > room.min(self.total_cap) {
+            let mib = |b: u64| b.div_ceil(1 << 20);
+            return Err(Deny::new(
+                DenyCode::BodyTooLarge,
+                format!(
+                    "judging this body would hold ~{} MiB (a tree of its many small \
+                     values, arrays or objects), more than this agent may ({} MiB)",
+                    mib(work),
+                    mib(room.min(self.total_cap))
+                ),
+            )
+            .never_retryable()
+            .into());
+        }
+        self.grow_within(work, room)
+    }
+
+    /// Counts `more` bytes a call holds beside its body (its translated
+    /// body, a translated answer being gathered), in the room judging
+    /// has. Refused: 503 `gateway_overloaded` (`what` says what did not
+    /// fit), as for a body past the total.
+    pub fn grow_beside(&mut self, more: u64, what: &str) -> Result<(), GatewayError> {
+        self.grow_within(more, self.work_room()).map_err(|_| {
+            GatewayError::Overloaded(format!(
+                "the gateway has no memory left for {what} ({} KiB more) right now; retry shortly",
+                more.div_ceil(1024)
+            ))
+        })
+    }
+
+    /// The agent share that work beside the bodies may fill.
+    fn work_room(&self) -> u64 {
+        self.agent_cap.saturating_mul(1 + JUDGING_PER_BODY_BYTE)
     }
 
     /// Gives back `less` of what this hold counts (at most all of it).
@@ -197,22 +267,7 @@ impl BodyIntake {
     /// [`BodyIntake::shrink`] once judging is done.
     pub fn judging(&mut self, work: u64) -> Result<u64, GatewayError> {
         if let Some(h) = self.hold.as_mut() {
-            let room = h.agent_cap.saturating_mul(1 + JUDGING_PER_BODY_BYTE);
-            if work > room.min(h.total_cap) {
-                let mib = |b: u64| b.div_ceil(1 << 20);
-                return Err(Deny::new(
-                    DenyCode::BodyTooLarge,
-                    format!(
-                        "judging this body would hold ~{} MiB (a tree of its many small \
-                         values, arrays or objects), more than this agent may ({} MiB)",
-                        mib(work),
-                        mib(room.min(h.total_cap))
-                    ),
-                )
-                .never_retryable()
-                .into());
-            }
-            h.grow_within(work, room)?;
+            h.judging(work)?;
         }
         Ok(work)
     }

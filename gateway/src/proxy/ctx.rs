@@ -84,6 +84,9 @@ pub struct ModelPlan {
     /// On a route of both API families, a body the other family cannot
     /// read faithfully (why): only targets of the agent's family serve it.
     pub native_only: Option<Arc<str>>,
+    /// On a route of both families: the bodies of the targets of the
+    /// other family, translated once at admission (empty elsewhere).
+    pub translated: super::model::Translated,
 }
 
 #[derive(Debug)]

@@ -2,11 +2,14 @@
 //! read whole and judged (model, phrases, output limit, tools the model
 //! is given), then the route. And the watchdog's degrade: the same call
 //! sent to a cheaper model's route. The output limit is written per
-//! attempt, for its target ([`output_edit`]).
+//! attempt, for its target ([`output_edit`]). On a route of both API
+//! families the body is translated here, once per target of the other
+//! family ([`translate_plan`]), and every attempt sends those bytes.
 
 use super::admit::{
     aside, read_body, Answer, Caller, FailMode, Judged, Judgement, JUDGE_ASIDE_BYTES,
 };
+use super::buffers::{Held, Room};
 use super::ctx::{ModelPlan, Plan, RequestCtx};
 use crate::config::runtime::Route;
 use crate::config::spec::UnknownPrice;
@@ -18,6 +21,7 @@ use loopgate_policy::{
     clip, inspect_body, inspect_body_with, replace_model, AgentRules, BodyFacts, Deny, DenyCode,
     Endpoint, MoneyAsk, Verdict,
 };
+use loopgate_translate::request::{MaxTokensField, Options};
 use pingora_proxy::Session;
 use std::sync::Arc;
 
@@ -58,10 +62,6 @@ pub async fn judge(
     }
     let plan = rules.check_body(&facts, verdict)?;
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
-    let (usage_chunk, native_only) = match route.translates(endpoint) {
-        true => translate_check(ctx, endpoint, &route, &body).await?,
-        false => (false, None),
-    };
     let watch = caller.context_watch();
     let context_share =
         context_guard(endpoint, &route, &facts, &body, plan.output_tokens, watch).await?;
@@ -75,6 +75,23 @@ pub async fn judge(
         verdict,
     )?;
     let estimated_prompt = facts.estimated_prompt_tokens();
+    let mut model_plan = ModelPlan {
+        endpoint,
+        model: facts.model,
+        stream: facts.stream,
+        degraded_from: None,
+        budget_room: None,
+        money_room: None,
+        estimated_prompt,
+        output: plan.output,
+        usage_chunk: false,
+        native_only: None,
+        translated: Translated::default(),
+    };
+    if route.translates(endpoint) {
+        // Boxed: its state does not grow every model call's future.
+        Box::pin(translate_plan(caller.room, &route, &mut model_plan, &body)).await?;
+    }
     Ok(Judgement::Forward(Box::new(Judged {
         route_name,
         route,
@@ -93,18 +110,7 @@ pub async fn judge(
         context_share,
         isolation: None,
         idem_claim: None,
-        plan: Plan::Model(ModelPlan {
-            endpoint,
-            model: facts.model,
-            stream: facts.stream,
-            degraded_from: None,
-            budget_room: None,
-            money_room: None,
-            estimated_prompt,
-            output: plan.output,
-            usage_chunk,
-            native_only,
-        }),
+        plan: Plan::Model(model_plan),
     })))
 }
 
@@ -272,74 +278,199 @@ fn find_route(
     Ok((Arc::from(name), route.clone()))
 }
 
-/// What admission learned of a call on a route whose targets speak both
-/// API families: the OpenAI agent's `stream_options.include_usage` (its
-/// translated stream ends with a usage chunk only if it asked), and, for a
-/// body the other family cannot read faithfully, why: such a call goes
-/// only to the route's targets of the agent's own family (see
-/// [`translatable`]).
-type Translatable = (bool, Option<Arc<str>>);
+/// The bodies of a translated call's attempts to providers of the other
+/// API family, translated once at admission ([`translate_plan`]): every
+/// attempt and fallback to a target resends the same bytes, and none
+/// translates on the runtime's threads or uncharged.
+#[derive(Default)]
+pub struct Translated {
+    /// By target: its body in its family (`None`: it speaks the agent's).
+    bodies: Vec<Option<Bytes>>,
+    /// What the bodies hold in the gateway's body memory, given back with
+    /// the admission.
+    _held: Option<Held>,
+    /// The agent's room, for the translated answer a target sends back
+    /// (`features::translate`).
+    pub room: Option<Room>,
+}
 
-/// On a route whose targets speak both API families: whether the body can
-/// be translated for the other family's targets. When it cannot, it is
-/// sent as written to the targets of the agent's family and never to the
-/// others (a fallback across families is given up for this call, never a
-/// field dropped); a route with no target of the agent's family refuses it
-/// before anything is sent (400 `untranslatable_request`, naming the
-/// field). Same-family routes: nothing done.
-fn translatable(
-    endpoint: Endpoint,
-    route: &Route,
-    body: &[u8],
-) -> Result<Translatable, GatewayError> {
-    if !route.translates(endpoint) {
-        return Ok((false, None));
-    }
-    let from = super::features::translate::endpoint_family(endpoint).ok_or_else(|| {
-        GatewayError::Internal("a translated route on a non-chat endpoint".into())
-    })?;
-    let opts = loopgate_translate::request::Options::default();
-    match loopgate_translate::request::translate(from, body, &opts) {
-        Ok(t) => Ok((t.usage_chunk, None)),
-        Err(e) if route.targets.iter().any(|t| t.provider.serves(endpoint)) => {
-            Ok((false, Some(Arc::from(e.to_string()))))
-        }
-        Err(e) => Err(Deny::new(
-            DenyCode::UntranslatableRequest,
-            format!("this route sends the request to a provider of the other API family, and {e}"),
-        )
-        .never_retryable()
-        .into()),
+impl std::fmt::Debug for Translated {
+    /// Sizes only: the bodies carry the agent's prompt.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sizes: Vec<Option<usize>> = self
+            .bodies
+            .iter()
+            .map(|b| b.as_ref().map(Bytes::len))
+            .collect();
+        f.debug_struct("Translated")
+            .field("bodies", &sizes)
+            .finish_non_exhaustive()
     }
 }
 
-/// [`translatable`] as judging work: translation parses the body into a
-/// tree and builds the other family's, so what both may hold (twice the
-/// tree's bound, `policy::json::parse_cost`: a body of tiny objects makes
-/// a tree a hundred times its size) is charged like judging, and a large
-/// body is translated off the runtime's threads.
-async fn translate_check(
-    ctx: &mut RequestCtx,
+/// What a target's body is written from: the judged call.
+#[derive(Clone, Copy)]
+struct Sent<'p> {
     endpoint: Endpoint,
+    model: &'p str,
+    /// The model the agent named (before a degrade).
+    named: &'p str,
+    output: loopgate_policy::OutputLimit,
+}
+
+impl<'p> Sent<'p> {
+    fn of(plan: &'p ModelPlan) -> Sent<'p> {
+        Sent {
+            endpoint: plan.endpoint,
+            model: &plan.model,
+            named: plan.degraded_from.as_deref().unwrap_or(&plan.model),
+            output: plan.output,
+        }
+    }
+}
+
+/// On a route whose targets speak both API families: the body every
+/// target of the other family is sent, translated once here. A body the
+/// other family cannot read faithfully is sent as written to the targets
+/// of the agent's family and never to the others (`native_only`: a
+/// fallback across families is given up for this call, never a field
+/// dropped); a route with no target of the agent's family refuses it
+/// before anything is sent (400 `untranslatable_request`, naming the
+/// field). Sets the OpenAI agent's `stream_options.include_usage` (its
+/// translated stream ends with a usage chunk only if it asked).
+/// Same-family routes: nothing done.
+///
+/// Judging work: translation parses the body into a tree and builds the
+/// other family's, so what both may hold (twice the tree's bound,
+/// `policy::json::parse_cost`: a body of tiny objects makes a tree a
+/// hundred times its size) is charged like judging while it runs, and a
+/// large body is translated off the runtime's threads. The translated
+/// bodies are charged for as long as the admission holds them.
+async fn translate_plan(
+    room: &Room,
     route: &Arc<Route>,
+    plan: &mut ModelPlan,
     body: &Bytes,
-) -> Result<Translatable, GatewayError> {
-    let trees = loopgate_policy::json::parse_cost(body).saturating_mul(2);
-    let work = ctx.intake.judging(trees)?;
-    let checked = if body.len() <= JUDGE_ASIDE_BYTES {
-        translatable(endpoint, route, body)
+) -> Result<(), GatewayError> {
+    plan.usage_chunk = false;
+    plan.native_only = None;
+    plan.translated = Translated::default();
+    if !route.translates(plan.endpoint) {
+        return Ok(());
+    }
+    let mut work = room.hold();
+    work.judging(loopgate_policy::json::parse_cost(body).saturating_mul(2))?;
+    let held = room.hold();
+    let translated = if body.len() <= JUDGE_ASIDE_BYTES {
+        translate_all(route, Sent::of(plan), body, held)
     } else {
         let (route, body) = (route.clone(), body.clone());
-        aside(move || translatable(endpoint, &route, &body)).await?
+        let (endpoint, output) = (plan.endpoint, plan.output);
+        let (model, named) = (plan.model.clone(), Sent::of(plan).named.to_string());
+        aside(move || {
+            let sent = Sent {
+                endpoint,
+                model: &model,
+                named: &named,
+                output,
+            };
+            translate_all(&route, sent, &body, held)
+        })
+        .await?
     };
-    ctx.intake.shrink(work);
-    checked
+    drop(work);
+    let (bodies, usage_chunk, held) = match translated {
+        Ok(t) => t,
+        Err(e)
+            if e.code() == DenyCode::UntranslatableRequest.as_str()
+                && route
+                    .targets
+                    .iter()
+                    .any(|t| t.provider.serves(plan.endpoint)) =>
+        {
+            plan.native_only = Some(Arc::from(e.to_string()));
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    plan.usage_chunk = usage_chunk;
+    plan.translated = Translated {
+        bodies,
+        _held: Some(held),
+        room: Some(room.clone()),
+    };
+    Ok(())
+}
+
+/// [`translate_plan`]'s work, on the calling thread: each target of the
+/// other family's body (renamed and limited for it, then translated),
+/// one translation shared by targets whose input and options agree; the
+/// bytes kept are counted in `held`.
+#[allow(clippy::type_complexity)]
+fn translate_all(
+    route: &Route,
+    sent: Sent<'_>,
+    body: &[u8],
+    mut held: Held,
+) -> Result<(Vec<Option<Bytes>>, bool, Held), GatewayError> {
+    let from = super::features::translate::endpoint_family(sent.endpoint).ok_or_else(|| {
+        GatewayError::Internal("a translated route on a non-chat endpoint".into())
+    })?;
+    let mut bodies: Vec<Option<Bytes>> = Vec::with_capacity(route.targets.len());
+    let mut made: Vec<(Option<Vec<u8>>, Options, Bytes)> = Vec::new();
+    let mut usage_chunk = false;
+    for target in 0..route.targets.len() {
+        if !sends_translated(route, target, sent.endpoint) {
+            bodies.push(None);
+            continue;
+        }
+        let input = agent_body(route, target, sent, body)?;
+        let opts = options(route, target, sent);
+        if let Some((_, _, same)) = made.iter().find(|(i, o, _)| *i == input && *o == opts) {
+            bodies.push(Some(same.clone()));
+            continue;
+        }
+        let t =
+            loopgate_translate::request::translate(from, input.as_deref().unwrap_or(body), &opts)
+                .map_err(|e| {
+                GatewayError::from(
+                    Deny::new(
+                        DenyCode::UntranslatableRequest,
+                        format!(
+                            "this route sends the request to a provider of the other API \
+                         family, and {e}"
+                        ),
+                    )
+                    .never_retryable(),
+                )
+            })?;
+        usage_chunk = t.usage_chunk;
+        let out = serde_json::to_vec(&t.body)
+            .map(Bytes::from)
+            .map_err(|_| GatewayError::Internal("cannot write the translated body".into()))?;
+        drop(t);
+        held.grow_beside(out.len() as u64, "the translated request")?;
+        bodies.push(Some(out.clone()));
+        made.push((input, opts, out));
+    }
+    Ok((bodies, usage_chunk, held))
+}
+
+/// Whether attempt `target` of a call on `endpoint` goes to a provider of
+/// the other family.
+fn sends_translated(route: &Route, target: usize, endpoint: Endpoint) -> bool {
+    route.translates(endpoint)
+        && route
+            .targets
+            .get(target)
+            .is_some_and(|t| t.provider.translates(endpoint))
 }
 
 /// The watchdog's red `degrade`: the call goes to `to`'s route with the
-/// model renamed in the body. `false`: not a model call, or already `to`
+/// model renamed in the body (translated again for that route's targets
+/// of the other family). `false`: not a model call, or already `to`
 /// (then it is only warned).
-pub fn degrade(caller: &Caller<'_>, j: &mut Judged, to: &str) -> Result<bool, GatewayError> {
+pub async fn degrade(caller: &Caller<'_>, j: &mut Judged, to: &str) -> Result<bool, GatewayError> {
     let Plan::Model(m) = &mut j.plan else {
         return Ok(false);
     };
@@ -350,49 +481,59 @@ pub fn degrade(caller: &Caller<'_>, j: &mut Judged, to: &str) -> Result<bool, Ga
         return Ok(false);
     };
     let (name, route) = find_route(caller, m.endpoint, to)?;
-    (m.usage_chunk, m.native_only) = translatable(m.endpoint, &route, &renamed)?;
-    j.body = Bytes::from(renamed);
+    let renamed = Bytes::from(renamed);
+    m.degraded_from = Some(std::mem::replace(&mut m.model, to.to_string()));
+    Box::pin(translate_plan(caller.room, &route, m, &renamed)).await?;
+    j.body = renamed;
     j.body_rewritten = true;
     j.route_name = name;
     j.route = route;
-    m.degraded_from = Some(std::mem::replace(&mut m.model, to.to_string()));
     Ok(true)
 }
 
 /// The body attempt `target` of an admitted model call sends, when it
-/// differs from `base` (the judged body): the target's model name, and the
-/// output limit under the field the target reads, capped at its model's
-/// maximum (see `loopgate_policy::output`). `Err` when the body cannot be
-/// rewritten (it was judged a JSON object, so never in practice).
+/// differs from `base` (the judged body): for a target of the other
+/// family, its translation made at admission; otherwise the target's
+/// model name, and the output limit under the field the target reads,
+/// capped at its model's maximum (see `loopgate_policy::output`). `Err`
+/// when the body cannot be rewritten (it was judged a JSON object, so
+/// never in practice).
 pub fn attempt_body(
     route: &Route,
     target: usize,
     plan: &ModelPlan,
     base: &Bytes,
 ) -> Result<Option<Bytes>, GatewayError> {
-    let rename = route.targets.get(target).and_then(|t| t.model.as_deref());
-    let translated = route.translates(plan.endpoint)
-        && route
-            .targets
-            .get(target)
-            .is_some_and(|t| t.provider.translates(plan.endpoint));
-    if rename.is_none() && plan.output == loopgate_policy::OutputLimit::default() {
-        // No limit in the body and none to set: nothing to look up.
-        return match translated {
-            true => translate_for(route, target, plan, base).map(Some),
-            false => Ok(None),
+    if sends_translated(route, target, plan.endpoint) {
+        return match plan.translated.bodies.get(target) {
+            Some(Some(body)) => Ok(Some(body.clone())),
+            _ => Err(GatewayError::Internal(
+                "no translated body for this target".into(),
+            )),
         };
     }
-    let sent = rename.unwrap_or(&plan.model);
-    let named = plan.degraded_from.as_deref().unwrap_or(&plan.model);
+    Ok(agent_body(route, target, Sent::of(plan), base)?.map(Bytes::from))
+}
+
+/// The body `target` is sent in the agent's family, when it differs from
+/// `base`: renamed and limited for it.
+fn agent_body(
+    route: &Route,
+    target: usize,
+    sent: Sent<'_>,
+    base: &[u8],
+) -> Result<Option<Vec<u8>>, GatewayError> {
+    let rename = route.targets.get(target).and_then(|t| t.model.as_deref());
+    if rename.is_none() && sent.output == loopgate_policy::OutputLimit::default() {
+        // No limit in the body and none to set: nothing to look up.
+        return Ok(None);
+    }
+    let model = rename.unwrap_or(sent.model);
     let edit = route
-        .target_output(target, plan.endpoint, sent, named)
-        .and_then(|t| plan.output.edit(&t));
+        .target_output(target, sent.endpoint, model, sent.named)
+        .and_then(|t| sent.output.edit(&t));
     if rename.is_none() && edit.is_none() {
-        return match translated {
-            true => translate_for(route, target, plan, base).map(Some),
-            false => Ok(None),
-        };
+        return Ok(None);
     }
     let cannot = || GatewayError::Internal("cannot rewrite the body for this target".into());
     let mut body = match rename {
@@ -402,36 +543,26 @@ pub fn attempt_body(
     if let Some(edit) = edit {
         body = loopgate_policy::rewrite::apply_limit_edit(&body, &edit).ok_or_else(cannot)?;
     }
-    if translated {
-        return translate_for(route, target, plan, &body).map(Some);
-    }
-    Ok(Some(Bytes::from(body)))
+    Ok(Some(body))
 }
 
-/// `body` (the agent's family, renamed and limited for `target`) in the
-/// family of `target`, a provider of the other one. Anthropic's required
-/// `max_tokens`, when the agent set none and no agent limit was inserted:
-/// the model's output maximum from `models:` or the price catalog, else
-/// 4096. An OpenAI target gets the limit under the field it reads.
-fn translate_for(
-    route: &Route,
-    target: usize,
-    plan: &ModelPlan,
-    body: &[u8],
-) -> Result<Bytes, GatewayError> {
-    use loopgate_translate::request::{MaxTokensField, Options};
-    let sent = route.sent_model(target, &plan.model);
-    let named = plan.degraded_from.as_deref().unwrap_or(&plan.model);
+/// How the body is translated for `target`, a provider of the other
+/// family. Anthropic's required `max_tokens`, when the agent set none and
+/// no agent limit was inserted: the model's output maximum from `models:`
+/// or the price catalog, else 4096. An OpenAI target gets the limit under
+/// the field it reads.
+fn options(route: &Route, target: usize, sent: Sent<'_>) -> Options {
+    let model = route.sent_model(target, sent.model);
     let default_max_tokens = route
         .models
-        .find(sent)
+        .find(model)
         .and_then(|m| m.max_output_tokens)
-        .or_else(|| route.models.prices.window(sent).and_then(|(_, m)| m))
+        .or_else(|| route.models.prices.window(model).and_then(|(_, m)| m))
         .unwrap_or(4096);
     let field = route
-        .target_output(target, Endpoint::ChatCompletions, sent, named)
+        .target_output(target, Endpoint::ChatCompletions, model, sent.named)
         .map(|t| t.field);
-    let opts = Options {
+    Options {
         default_max_tokens,
         openai_max_tokens_field: match field {
             Some(loopgate_policy::LimitField::MaxCompletionTokens) => {
@@ -439,13 +570,5 @@ fn translate_for(
             }
             _ => MaxTokensField::MaxTokens,
         },
-    };
-    let from = super::features::translate::endpoint_family(plan.endpoint)
-        .ok_or_else(|| GatewayError::Internal("a translated call on a non-chat endpoint".into()))?;
-    // Judged translatable at admission; a failure here is the gateway's.
-    let t = loopgate_translate::request::translate(from, body, &opts)
-        .map_err(|e| GatewayError::Internal(format!("cannot translate the body: {e}")))?;
-    serde_json::to_vec(&t.body)
-        .map(Bytes::from)
-        .map_err(|_| GatewayError::Internal("cannot write the translated body".into()))
+    }
 }

@@ -7,7 +7,13 @@
 //! A stream is translated event by event as it passes (bounded state);
 //! a JSON answer (at most [`MAX_ANSWER_BYTES`]) and an error body are read
 //! whole and written at their end, the error in the agent's family with
-//! the provider's status. Usage is read from the provider's own bytes
+//! the provider's status. The JSON answer gathered is charged against the
+//! gateway's body memory as it grows (its declared length before the
+//! header goes on, then the trees its translation builds) and given back
+//! once written: refused, the agent gets 503 `gateway_overloaded` in its
+//! family when its header is still to be sent (a declared length, or
+//! header and body read together), else the answer is cut as any JSON
+//! answer that fails after its header. Usage is read from the provider's own bytes
 //! before this (the usage feature reads the upstream body), so budgets
 //! and metrics see what the provider reported.
 //!
@@ -18,7 +24,8 @@
 use super::{Admission, Env, Feature};
 use crate::config::ProviderKind;
 use crate::error::GatewayError;
-use crate::proxy::failure::{answer, UNREADABLE};
+use crate::proxy::buffers::{Held, Room};
+use crate::proxy::failure::{answer, GATEWAY_FAULT, UNREADABLE};
 use bytes::Bytes;
 use loopgate_policy::Endpoint;
 use loopgate_translate::stream::{StreamOptions, StreamTranslator};
@@ -37,6 +44,8 @@ pub struct Translate {
     usage_chunk: bool,
     /// The family of the provider answering, when it is not the agent's.
     upstream: Option<Family>,
+    /// The agent's room in the body memory, where a JSON answer is held.
+    room: Option<Room>,
     mode: Mode,
 }
 
@@ -44,9 +53,71 @@ pub struct Translate {
 enum Mode {
     /// Nothing to translate (the agent's own family answers, or a 1xx/3xx).
     Idle,
-    Json(Vec<u8>),
+    Json(Gathered),
     Error { status: u16, body: Vec<u8> },
     Stream(Box<StreamTranslator>),
+}
+
+/// A JSON answer gathered to be translated whole, its capacity charged
+/// before it grows.
+#[derive(Debug)]
+struct Gathered {
+    kept: Vec<u8>,
+    /// What `kept` (and, at the end, translating it) is charged for.
+    held: Option<Held>,
+}
+
+impl Gathered {
+    fn new(room: Option<&Room>) -> Self {
+        Gathered {
+            kept: Vec::new(),
+            held: room.map(Room::hold),
+        }
+    }
+
+    /// Room for `more` bytes, charged before they are kept.
+    fn reserve(&mut self, more: usize) -> pingora::Result<()> {
+        let need = self.kept.len().saturating_add(more);
+        if need > MAX_ANSWER_BYTES {
+            return Err(unreadable(format!(
+                "the provider's answer exceeds {MAX_ANSWER_BYTES} bytes to translate"
+            )));
+        }
+        let cap = self.kept.capacity();
+        if need <= cap {
+            return Ok(());
+        }
+        let grown = need.max(cap.saturating_mul(2)).min(MAX_ANSWER_BYTES);
+        self.charge((grown - cap) as u64)?;
+        self.kept.reserve_exact(grown - self.kept.len());
+        Ok(())
+    }
+
+    fn charge(&mut self, more: u64) -> pingora::Result<()> {
+        match self.held.as_mut() {
+            Some(h) => h
+                .grow_beside(more, "translating the provider's answer")
+                .map_err(|e| answer(GATEWAY_FAULT, e)),
+            None => Ok(()),
+        }
+    }
+
+    /// The answer is written: what it held goes back.
+    fn release(&mut self) {
+        self.kept = Vec::new();
+        self.held = None;
+    }
+}
+
+/// The `Content-Length` an answer declares.
+fn declared_length(resp: &ResponseHeader) -> Option<usize> {
+    resp.headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The family an endpoint speaks, for the two chat endpoints.
@@ -110,6 +181,7 @@ impl Feature for Translate {
             agent: endpoint_family(m.endpoint)?,
             usage_chunk: m.usage_chunk,
             upstream: None,
+            room: m.translated.room.clone(),
             mode: Mode::Idle,
         })
     }
@@ -138,7 +210,15 @@ impl Feature for Translate {
                     ..StreamOptions::default()
                 },
             ))),
-            200..=299 => Mode::Json(Vec::new()),
+            200..=299 => {
+                let mut gathered = Gathered::new(self.room.as_ref());
+                // Charged before the header goes on: refused, the agent
+                // gets the gateway's error whole.
+                if let Some(n) = declared_length(resp) {
+                    gathered.reserve(n)?;
+                }
+                Mode::Json(gathered)
+            }
             _ => return Ok(()),
         };
         if !sse {
@@ -159,7 +239,9 @@ impl Feature for Translate {
         match &mut self.mode {
             Mode::Idle => Ok(()),
             Mode::Stream(t) => {
-                let mut out = Vec::new();
+                // The agent's events run about as long as the provider's
+                // (within 2x): one allocation per read, not a regrowth.
+                let mut out = Vec::with_capacity(body.as_ref().map_or(0, |b| b.len() * 2));
                 if let Some(b) = body.take() {
                     t.feed(&b, &mut out).map_err(|e| {
                         log::warn!(
@@ -177,24 +259,32 @@ impl Feature for Translate {
                 *body = (!out.is_empty()).then(|| Bytes::from(out));
                 Ok(())
             }
-            Mode::Json(kept) => {
+            Mode::Json(g) => {
+                let refused = |e: Box<pingora::Error>| {
+                    log::warn!(
+                        "request {}: the provider's answer is not translated: {e}",
+                        adm.request_id
+                    );
+                    e
+                };
                 if let Some(b) = body.take() {
-                    if kept.len() + b.len() > MAX_ANSWER_BYTES {
-                        return Err(unreadable(format!(
-                            "the provider's answer exceeds {MAX_ANSWER_BYTES} bytes to translate"
-                        )));
-                    }
-                    kept.extend_from_slice(&b);
+                    g.reserve(b.len()).map_err(refused)?;
+                    g.kept.extend_from_slice(&b);
                 }
                 if end {
+                    // Translating parses the answer into a tree and builds
+                    // the agent's: charged like judging while it runs.
+                    let trees = loopgate_policy::json::parse_cost(&g.kept).saturating_mul(2);
+                    g.charge(trees).map_err(refused)?;
                     let upstream = self.upstream.unwrap_or(self.agent);
-                    let out = response::translate(upstream, kept, now_secs()).map_err(|e| {
+                    let out = response::translate(upstream, &g.kept, now_secs()).map_err(|e| {
                         log::warn!(
                             "request {}: the provider's answer cannot be translated: {e}",
                             adm.request_id
                         );
                         unreadable(format!("the provider's answer cannot be translated: {e}"))
                     })?;
+                    g.release();
                     *body = Some(Bytes::from(out));
                 }
                 Ok(())
