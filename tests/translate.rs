@@ -371,6 +371,48 @@ fn a_stream_cut_mid_way_ends_with_an_error_event_in_the_agents_family() {
     assert!(!evs.iter().any(|(_, d)| d == &json!("[DONE]")));
 }
 
+/// A provider event that cannot be translated breaks the stream, but the
+/// events read with it, before it, still reach the agent, then the error
+/// event: the agent loses none of the answer it could read.
+#[test]
+fn events_before_an_untranslatable_one_reach_the_agent_before_the_error() {
+    let s = setup();
+    // The mock sends its first 4 events (the role, then "Hello", " from",
+    // " the") 50 ms apart, so the answer has begun, the fourth in one
+    // write with a broken one.
+    let bad = [
+        "-H",
+        "x-mock-bad-event-after: 4",
+        "-H",
+        "x-mock-chunk-delay-ms: 50",
+    ];
+    let body = ANTHROPIC_BODY.replace("\"max_tokens\":64", "\"max_tokens\":64,\"stream\":true");
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &bad, &body);
+    let evs = events(&r.text());
+    let text: String = evs
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .filter_map(|(_, d)| d["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(text, "Hello from the", "{}", r.text());
+    assert_eq!(evs.last().unwrap().0, "error", "{}", r.text());
+    assert!(!evs.iter().any(|(n, _)| n == "message_stop"));
+
+    // From Anthropic, the same: message_start, content_block_start, a
+    // ping, "Hello" (the last with the broken event).
+    let body = r#"{"model":"gpt-via-anthropic","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/chat/completions", &bad, body);
+    let evs = events(&r.text());
+    let text: String = evs
+        .iter()
+        .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Hello", "{}", r.text());
+    let (_, last) = evs.last().unwrap();
+    assert!(last["error"].is_object(), "{}", r.text());
+    assert!(!evs.iter().any(|(_, d)| d == &json!("[DONE]")));
+}
+
 #[test]
 fn an_anthropic_agent_falls_back_to_a_local_openai_compatible_server() {
     let s = setup();

@@ -137,7 +137,9 @@ impl StreamTranslator {
 
     /// Translate the next bytes of the upstream's body (split anywhere),
     /// appending the agent's bytes to `out`. On an error the stream is
-    /// broken: call [`fail`](Self::fail). Input after the end is ignored.
+    /// broken: `out` holds the agent's events for the events before the
+    /// failing one, whole (send them first), then call
+    /// [`fail`](Self::fail). Input after the end is ignored.
     pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> R<()> {
         if self.end != End::Open {
             return Ok(());
@@ -152,11 +154,23 @@ impl StreamTranslator {
             if *end != End::Open {
                 return Ok(());
             }
-            *end = match state {
-                State::FromOpenAi(s) => s.event(e.data, usage, out)?,
-                State::FromAnthropic(s) => s.event(e.name, e.data, usage, out)?,
+            // An event that fails leaves nothing of itself in `out`: what
+            // is there is whole events, safe to send before the error.
+            let mark = out.len();
+            let next = match state {
+                State::FromOpenAi(s) => s.event(e.data, usage, out),
+                State::FromAnthropic(s) => s.event(e.name, e.data, usage, out),
             };
-            Ok(())
+            match next {
+                Ok(n) => {
+                    *end = n;
+                    Ok(())
+                }
+                Err(err) => {
+                    out.truncate(mark);
+                    Err(err)
+                }
+            }
         })
     }
 

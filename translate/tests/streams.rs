@@ -393,6 +393,36 @@ fn there_and_back_keeps_the_answer() {
     }
 }
 
+/// The events before a broken one, read in the same piece, come out whole;
+/// nothing of the broken event does, so they can be sent before the
+/// error event.
+#[test]
+fn events_read_before_a_broken_one_are_kept_whole() {
+    for (upstream, good, broken) in [
+        (
+            Family::OpenAi,
+            &OPENAI_TEXT[..OPENAI_TEXT.find("data: {\"id\":\"chatcmpl-9\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{},").unwrap()],
+            "data: {\"id\":\"chatcmpl-9\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}\n\n",
+        ),
+        (
+            Family::Anthropic,
+            &ANTHROPIC_TEXT[..ANTHROPIC_TEXT.find("event: content_block_stop").unwrap()],
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":7}}\n\n",
+        ),
+    ] {
+        let mut whole = StreamTranslator::new(upstream, opts(false));
+        let mut before = Vec::new();
+        whole.feed(good.as_bytes(), &mut before).unwrap();
+        assert!(!before.is_empty());
+        let mut t = StreamTranslator::new(upstream, opts(false));
+        let mut out = Vec::new();
+        assert!(t.feed(format!("{good}{broken}").as_bytes(), &mut out).is_err());
+        assert_eq!(out, before, "{upstream:?}: the good events, whole, and nothing else");
+        t.fail("the provider's stream broke", &mut out);
+        assert!(events(&out).len() > 2);
+    }
+}
+
 #[test]
 fn a_stream_cut_mid_way_ends_with_an_error_event() {
     // OpenAI upstream cut after two chunks: the Anthropic agent gets an

@@ -9,6 +9,7 @@
 //! | `x-mock-chunks: 20` | number of content pieces (tokens) in the answer |
 //! | `x-mock-chunk-delay-ms: 50` | wait between streamed events |
 //! | `x-mock-reset-after: 3` | drop the connection after this many streamed events |
+//! | `x-mock-bad-event-after: 3` | stream this many events, the last in one write with a broken one (bad JSON), then end the stream |
 //! | `x-mock-body: text` | answer 200 with this raw `text/plain` body instead |
 //! | `x-mock-gzip: 1` | gzip JSON answers (`Content-Encoding: gzip`), asked for or not |
 //! | `x-mock-response-header: name: value` | add this header to the answer (repeatable) |
@@ -31,6 +32,8 @@ pub struct Faults {
     pub chunks: usize,
     pub chunk_delay_ms: u64,
     pub reset_after: Option<usize>,
+    /// Streamed: this many events, then a broken one, in one write.
+    pub bad_event_after: Option<usize>,
     pub body: Option<String>,
     pub upgrade: bool,
     /// Refuse output limits as the providers do ([`super::strict`]).
@@ -82,6 +85,7 @@ impl Default for Faults {
             chunks: 8,
             chunk_delay_ms: 0,
             reset_after: None,
+            bad_event_after: None,
             body: None,
             upgrade: false,
             strict: false,
@@ -124,6 +128,9 @@ impl Faults {
         }
         if let Some(v) = num(headers, "x-mock-reset-after") {
             f.reset_after = Some(v);
+        }
+        if let Some(v) = num(headers, "x-mock-bad-event-after") {
+            f.bad_event_after = Some(v);
         }
         if headers
             .get("x-mock-upgrade")

@@ -437,6 +437,30 @@ async fn stream_events(
         return false;
     }
     let events = ex.stream_events();
+    if let Some(n) = faults.bad_event_after {
+        // The first n - 1 events as usual, then the n-th and a broken one
+        // in one write: one read for the reader.
+        for (i, event) in events.iter().take(n).enumerate() {
+            if i > 0 && faults.chunk_delay_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(faults.chunk_delay_ms)).await;
+            }
+            let mut piece = event.clone();
+            if i + 1 == n {
+                piece.push_str("event: content_block_delta\ndata: {\"broken\n\n");
+            }
+            if session
+                .write_response_body(Bytes::from(piece), false)
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+        return session
+            .write_response_body(Bytes::new(), true)
+            .await
+            .is_ok();
+    }
     for (i, event) in events.iter().enumerate() {
         if faults.reset_after.is_some_and(|n| i >= n) {
             return false; // abrupt end: no terminating chunk

@@ -302,6 +302,17 @@ pub async fn write_failure(
                 .and_then(|t| t.agent_kind())
                 .or(ctx.served_kind);
             let event = sse_error_event(kind, &answer, &ctx.request_id);
+            // What a broken translation read whole before it broke goes
+            // first: the agent loses none of the answer it could read.
+            let unsent = ctx
+                .features
+                .translate
+                .as_mut()
+                .and_then(|t| t.take_unsent());
+            let event = match unsent {
+                Some(before) => Bytes::from([before, event].concat()),
+                None => event,
+            };
             if let Err(err) = session.write_response_body(Some(event), true).await {
                 log::debug!("request {}: cannot end the stream: {err}", ctx.request_id);
             }

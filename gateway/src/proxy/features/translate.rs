@@ -47,6 +47,9 @@ pub struct Translate {
     /// The agent's room in the body memory, where a JSON answer is held.
     room: Option<Room>,
     mode: Mode,
+    /// A broken stream's translated events that came before the event
+    /// that broke it in the same read: sent before the error event.
+    unsent: Option<Bytes>,
 }
 
 #[derive(Debug)]
@@ -144,6 +147,14 @@ impl Translate {
         let family = kind_family(kind);
         self.upstream = (family != self.agent).then_some(family);
         self.mode = Mode::Idle;
+        self.unsent = None;
+    }
+
+    /// What a broken stream translated before the event that broke it
+    /// (once): `respond::write_failure` sends it before the error event,
+    /// so the agent loses none of the answer it could read.
+    pub fn take_unsent(&mut self) -> Option<Bytes> {
+        self.unsent.take()
     }
 
     /// The family that answered, when it was not the agent's.
@@ -183,6 +194,7 @@ impl Feature for Translate {
             upstream: None,
             room: m.translated.room.clone(),
             mode: Mode::Idle,
+            unsent: None,
         })
     }
 
@@ -243,13 +255,16 @@ impl Feature for Translate {
                 // (within 2x): one allocation per read, not a regrowth.
                 let mut out = Vec::with_capacity(body.as_ref().map_or(0, |b| b.len() * 2));
                 if let Some(b) = body.take() {
-                    t.feed(&b, &mut out).map_err(|e| {
+                    if let Err(e) = t.feed(&b, &mut out) {
                         log::warn!(
                             "request {}: the provider's stream cannot be translated: {e}",
                             adm.request_id
                         );
-                        unreadable(format!("the provider's stream cannot be translated: {e}"))
-                    })?;
+                        self.unsent = (!out.is_empty()).then(|| Bytes::from(out));
+                        return Err(unreadable(format!(
+                            "the provider's stream cannot be translated: {e}"
+                        )));
+                    }
                 }
                 if end {
                     t.finish().map_err(|_| {
