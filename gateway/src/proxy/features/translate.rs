@@ -32,8 +32,12 @@ use loopgate_translate::stream::{StreamOptions, StreamTranslator};
 use loopgate_translate::{error, response, Family};
 use pingora::http::ResponseHeader;
 
-/// Largest JSON answer translated whole.
-const MAX_ANSWER_BYTES: usize = 32 << 20;
+/// Largest JSON answer translated whole. Pingora's body filters are
+/// synchronous, so the translation of a gathered answer runs on the
+/// runtime's thread (about 8 ms per MB): this bounds that stall at about
+/// 32 ms. The largest answer a chat model gives (128k output tokens, one
+/// choice: translation refuses `n` > 1 and audio) is about 0.5-1 MB.
+const MAX_ANSWER_BYTES: usize = 4 << 20;
 /// Of an error body, what is kept to read its message.
 const MAX_ERROR_BYTES: usize = 64 << 10;
 
@@ -315,5 +319,21 @@ impl Feature for Translate {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_past_the_cap_is_refused_before_it_is_kept() {
+        let mut g = Gathered::new(None);
+        assert!(g.reserve(MAX_ANSWER_BYTES + 1).is_err());
+        assert_eq!(g.kept.capacity(), 0, "nothing was allocated for it");
+        assert!(g.reserve(1024).is_ok());
+        g.kept.extend_from_slice(&[b' '; 1024]);
+        assert!(g.reserve(MAX_ANSWER_BYTES - 1024).is_ok());
+        assert!(g.reserve(MAX_ANSWER_BYTES - 1023).is_err());
     }
 }
