@@ -152,16 +152,11 @@ fn an_mcp_body_whose_tree_does_not_fit_is_refused_then_passes() {
     assert_eq!(mock.received(), 2, "nothing more reached the mock");
 }
 
-/// A call whose route translates it to the other API family is charged
-/// for the trees translation builds (twice `parse_cost`'s bound): a
-/// Messages body of many tiny schema objects, 128 KiB raw, would hold
-/// ~12 MiB translated and is refused (413 `body_too_large`) under a 4 MiB
-/// total, before anything is sent; the same body to an Anthropic route
-/// (no translation) passes.
-#[test]
-fn a_translated_body_is_charged_for_its_trees() {
-    let mock = Mock::start();
-    let cfg = format!(
+/// A gateway with `total` bytes of body memory, routing `gpt-4o-mini` to
+/// an OpenAI-compatible provider and `claude-3-5-haiku*` to Anthropic,
+/// for an agent that may call any model.
+fn both_families(mock: &Mock, total: usize) -> Gateway {
+    Gateway::start(&format!(
         r#"
 listen: {{ address: "127.0.0.1:{{PORT}}", connections: {{ body_memory_bytes: {total} }} }}
 threads: 2
@@ -171,11 +166,21 @@ agents:
     key_sha256: "{agent}"
     models: ["*"]
 "#,
-        total = 4 * MIB,
-        providers = oa_an_providers(&mock, ""),
+        providers = oa_an_providers(mock, ""),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
-    );
-    let gw = Gateway::start(&cfg);
+    ))
+}
+
+/// A call whose route translates it to the other API family is charged
+/// for the trees translation builds (twice `parse_cost`'s bound): a
+/// Messages body of many tiny schema objects, 128 KiB raw, would hold
+/// ~12 MiB translated and is refused (413 `body_too_large`) under a 4 MiB
+/// total, before anything is sent; the same body to an Anthropic route
+/// (no translation) passes.
+#[test]
+fn a_translated_body_is_charged_for_its_trees() {
+    let mock = Mock::start();
+    let gw = both_families(&mock, 4 * MIB);
     let properties: serde_json::Map<String, Value> = (0..9000)
         .map(|i| (format!("p{i}"), json!({"t": 1})))
         .collect();
@@ -213,21 +218,7 @@ agents:
 #[test]
 fn a_translated_answer_is_charged_as_it_is_gathered() {
     let mock = Mock::start();
-    let cfg = format!(
-        r#"
-listen: {{ address: "127.0.0.1:{{PORT}}", connections: {{ body_memory_bytes: {total} }} }}
-threads: 2
-{providers}
-agents:
-  tester:
-    key_sha256: "{agent}"
-    models: ["*"]
-"#,
-        total = 256 * 1024,
-        providers = oa_an_providers(&mock, ""),
-        agent = sha256_hex(AGENT_KEY.as_bytes()),
-    );
-    let gw = Gateway::start(&cfg);
+    let gw = both_families(&mock, 256 * 1024);
     let key = format!("x-api-key: {AGENT_KEY}");
     let messages = gw.url("/v1/messages");
     // gpt-4o-mini is served by the OpenAI-compatible provider: translated.
