@@ -498,6 +498,13 @@ fn held_answers_carry_their_cost_whatever_their_path() {
     assert!(r.json()["error"].is_object(), "{}", r.text());
     assert_eq!(r.header("x-loopgate-cost-usd"), None);
 
+    // An answer the provider breaks off halfway was never sent: the agent
+    // gets the gateway's error whole, not a cut body under a 200.
+    let r = post_held(&gw, "/v1/chat/completions", SMALL, &["x-mock-reset-after: 1"]);
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(r.json()["error"]["code"].is_string(), "{}", r.text());
+    assert_eq!(r.header("x-loopgate-cost-usd"), None);
+
     // A streamed answer's usage comes last: no header, the stream as it
     // arrives.
     let stream = r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;

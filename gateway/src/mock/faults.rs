@@ -8,7 +8,7 @@
 //! | `x-mock-latency-ms: 200` | wait before the response header |
 //! | `x-mock-chunks: 20` | number of content pieces (tokens) in the answer |
 //! | `x-mock-chunk-delay-ms: 50` | wait between streamed events |
-//! | `x-mock-reset-after: 3` | drop the connection after this many streamed events |
+//! | `x-mock-reset-after: 3` | drop the connection after this many streamed events (a whole JSON answer: halfway through its body) |
 //! | `x-mock-bad-event-after: 3` | stream this many events, the last in one write with a broken one (bad JSON), then end the stream |
 //! | `x-mock-body: text` | answer 200 with this raw `text/plain` body instead |
 //! | `x-mock-gzip: 1` | gzip JSON answers (`Content-Encoding: gzip`), asked for or not |

@@ -340,9 +340,27 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
         && endpoint != responses::Endpoint::Embeddings
     {
         stream_events(session, &exchange, &faults).await
+    } else if faults.reset_after.is_some() {
+        write_cut_json(session, &exchange.full_response()).await
     } else {
         write_json(session, 200, &exchange.full_response(), &[]).await
     }
+}
+
+/// A 200 JSON answer whose connection drops halfway through its body (its
+/// `Content-Length` promised all of it).
+async fn write_cut_json(session: &mut ServerSession, v: &Value) -> bool {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    let Ok(mut resp) = ResponseHeader::build(200, Some(2)) else {
+        return false;
+    };
+    let _ = resp.insert_header("content-type", "application/json");
+    let _ = resp.insert_header("content-length", body.len().to_string());
+    if session.write_response_header(Box::new(resp)).await.is_ok() {
+        let half = Bytes::copy_from_slice(&body[..body.len() / 2]);
+        let _ = session.write_response_body(half, false).await;
+    }
+    false // abrupt end: the connection is not reused
 }
 
 async fn serve_mcp(session: &mut ServerSession, method: &str, body: Option<&Value>) -> bool {

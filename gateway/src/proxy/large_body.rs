@@ -147,6 +147,9 @@ pub async fn forward(
         }
     }
     let cost = held.holding.then(|| ctx.cost_picos()).flatten();
+    // A held answer that never ended was never sent: on a failure the
+    // agent gets the failure's own answer, not a cut body.
+    let unfinished = held.holding && !held.ended();
     let tasks = held.finish(cost, &mut ctx.intake);
     match failed {
         None => {
@@ -162,9 +165,21 @@ pub async fn forward(
         }
         Some(err) => {
             let served = ctx.served_by.as_deref();
-            settle_failure(session, err, tasks, &ctx.request_id, served).await
+            let held = HeldTasks {
+                tasks,
+                unsent: unfinished,
+            };
+            settle_failure(session, err, held, &ctx.request_id, served).await
         }
     }
+}
+
+/// What the main request held of a failed subrequest's answer: its tasks,
+/// and whether they are an unfinished answer never sent (dropped, with
+/// what the pipe still holds, for the failure's own answer).
+struct HeldTasks {
+    tasks: Vec<HttpTask>,
+    unsent: bool,
 }
 
 /// A piped answer held whole (see the module docs), or passed on as it
@@ -217,6 +232,16 @@ impl HeldAnswer {
             self.queue = merged.into_iter().chain(self.queue.drain(..)).collect();
         }
         self.queue.pop_front()
+    }
+
+    /// Whether what is held ends the answer (a failed exchange may stop
+    /// halfway through its body).
+    fn ended(&self) -> bool {
+        matches!(
+            self.queue.back(),
+            Some(HttpTask::Body(_, true) | HttpTask::Header(_, true) | HttpTask::Done)
+                | Some(HttpTask::Trailer(_))
+        )
     }
 
     /// What is left to write once the pipe is done; a still held answer
@@ -283,12 +308,20 @@ fn coalesce(tasks: VecDeque<HttpTask>) -> VecDeque<HttpTask> {
 async fn settle_failure(
     session: &mut Session,
     mut err: PipeSubrequestError,
-    held: Vec<HttpTask>,
+    held: HeldTasks,
     request_id: &str,
     served_by: Option<&str>,
 ) -> Result<(), GatewayError> {
+    if held.unsent {
+        // Nothing of it went out: the failure answers.
+        log::debug!("request {request_id}: an unfinished held answer is dropped");
+        return match respond::response_started(session) {
+            true => Ok(()),
+            false => Err(failure_of(&err, served_by)),
+        };
+    }
     // What was held came first.
-    let mut left = held;
+    let mut left = held.tasks;
     if err.from_subreq {
         if let Some(rx) = err.state.pipe_rx.as_mut() {
             while let Ok(task) = rx.try_recv() {
@@ -311,9 +344,14 @@ async fn settle_failure(
         return Ok(());
     }
     // Nothing written: the failure's own answer, as a small body gets it.
-    Err(GatewayError::cause_of(&err.error)
+    Err(failure_of(&err, served_by))
+}
+
+/// The answer a failed subrequest's error calls for.
+fn failure_of(err: &PipeSubrequestError, served_by: Option<&str>) -> GatewayError {
+    GatewayError::cause_of(&err.error)
         .cloned()
-        .unwrap_or_else(|| map_transport_error(&err.error, served_by.unwrap_or("?"))))
+        .unwrap_or_else(|| map_transport_error(&err.error, served_by.unwrap_or("?")))
 }
 
 /// In a subrequest's `request_filter`: takes over the main request's
@@ -438,9 +476,18 @@ mod tests {
             HttpTask::Header(Box::new(head), false),
             HttpTask::Body(Some(Bytes::from_static(body)), true),
         ]);
-        assert!(settle_failure(&mut session, err, Vec::new(), "r", None)
-            .await
-            .is_ok());
+        assert!(settle_failure(
+            &mut session,
+            err,
+            HeldTasks {
+                tasks: Vec::new(),
+                unsent: false
+            },
+            "r",
+            None
+        )
+        .await
+        .is_ok());
         drop(session);
         let mut seen = Vec::new();
         client.read_to_end(&mut seen).await.unwrap();
@@ -556,7 +603,17 @@ mod tests {
     #[tokio::test]
     async fn with_nothing_in_the_pipe_the_failure_is_its_own_answer() {
         let (mut session, _client) = session().await;
-        let answer = settle_failure(&mut session, failure(vec![]), Vec::new(), "r", None).await;
+        let answer = settle_failure(
+            &mut session,
+            failure(vec![]),
+            HeldTasks {
+                tasks: Vec::new(),
+                unsent: false,
+            },
+            "r",
+            None,
+        )
+        .await;
         let e = answer.unwrap_err();
         assert_eq!(e.code(), "circuit_open");
         assert_eq!(e.status(), 503);
