@@ -236,6 +236,50 @@ fn every_answer_costs_what_the_hand_computed_table_says() {
     );
 }
 
+/// The official SDKs (`sdk/prices.py`) read the cost of a non-streamed
+/// answer from its header, to the cent of the table; a streamed answer's
+/// cost is in the access log, checked here.
+#[test]
+fn the_official_sdks_read_what_each_answer_cost() {
+    let mock = Mock::start();
+    let dir = scratch_dir("prices-sdk");
+    let gw = Gateway::start(&config(&mock, &dir));
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/prices.py");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{}", gw.addr))
+        .arg(AGENT_KEY)
+        .output()
+        .unwrap_or_else(|e| panic!("run {python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("sdk prices ok"),
+        "SDK script failed (pip install openai anthropic?)\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    // 80k * 2.50 + 40k * 1.25 + 1k * 10 = 0.26; 100k * 3 + 100k * 0.30
+    // + 2k * 15 = 0.36 (per million).
+    let path = dir.join("access.log");
+    let logged = |call: &str| {
+        std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["call_id"] == call)
+            .and_then(|l| l["cost_usd"].as_f64())
+    };
+    assert!(eventually(5, || logged("sdk-anthropic-stream").is_some()));
+    for (call, usd) in [
+        ("sdk-openai", 0.77),
+        ("sdk-openai-stream", 0.26),
+        ("sdk-anthropic", 0.78),
+        ("sdk-anthropic-stream", 0.36),
+    ] {
+        assert_eq!(logged(call).map(cents), Some(cents(usd)), "{call}");
+    }
+}
+
 #[test]
 fn bad_prices_and_on_unknown_price_are_checked() {
     let dir = scratch_dir("prices-check");
@@ -500,7 +544,12 @@ fn held_answers_carry_their_cost_whatever_their_path() {
 
     // An answer the provider breaks off halfway was never sent: the agent
     // gets the gateway's error whole, not a cut body under a 200.
-    let r = post_held(&gw, "/v1/chat/completions", SMALL, &["x-mock-reset-after: 1"]);
+    let r = post_held(
+        &gw,
+        "/v1/chat/completions",
+        SMALL,
+        &["x-mock-reset-after: 1"],
+    );
     assert_eq!(r.status, 502, "{}", r.text());
     assert!(r.json()["error"]["code"].is_string(), "{}", r.text());
     assert_eq!(r.header("x-loopgate-cost-usd"), None);
