@@ -271,29 +271,29 @@ fn body_len(task: &HttpTask) -> u64 {
 /// where a piece ends the body).
 fn coalesce(tasks: VecDeque<HttpTask>) -> VecDeque<HttpTask> {
     let mut out = VecDeque::with_capacity(tasks.len());
-    let mut run: Option<(BytesMut, bool)> = None;
+    let mut run: Option<BytesMut> = None;
     for t in tasks {
         match t {
             HttpTask::Body(data, end) => {
-                let (buf, _) = run.get_or_insert_with(|| (BytesMut::new(), false));
+                let buf = run.get_or_insert_with(BytesMut::new);
                 if let Some(d) = data {
                     buf.extend_from_slice(&d);
                 }
                 if end {
-                    let (buf, _) = run.take().unwrap_or_default();
+                    let buf = run.take().unwrap_or_default();
                     out.push_back(HttpTask::Body(Some(buf.freeze()), true));
                 }
             }
             other => {
-                if let Some((buf, end)) = run.take() {
-                    out.push_back(HttpTask::Body(Some(buf.freeze()), end));
+                if let Some(buf) = run.take() {
+                    out.push_back(HttpTask::Body(Some(buf.freeze()), false));
                 }
                 out.push_back(other);
             }
         }
     }
-    if let Some((buf, end)) = run.take() {
-        out.push_back(HttpTask::Body(Some(buf.freeze()), end));
+    if let Some(buf) = run.take() {
+        out.push_back(HttpTask::Body(Some(buf.freeze()), false));
     }
     out
 }
