@@ -65,11 +65,17 @@ pub fn check_config(path: &std::path::Path) -> (Option<i32>, String) {
     )
 }
 
-/// A fresh scratch directory under the system temp dir.
+/// A fresh scratch directory under the system temp dir. Named for the
+/// process, a counter and the time: process ids wrap (every curl is a
+/// process), and a gateway left running by an interrupted run polls its
+/// config file for changes, so a later test must never write to its path.
 pub fn scratch_dir(tag: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let dir = std::env::temp_dir().join(format!(
-        "loopgate-test-{}-{}-{}",
+        "loopgate-test-{}-{}-{}-{nanos}",
         tag,
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
