@@ -65,6 +65,28 @@ pub fn check_config(path: &std::path::Path) -> (Option<i32>, String) {
     )
 }
 
+/// Runs the official-SDK script `tests/sdk/{name}` with `python3` (or
+/// `$PYTHON`) and `args`; it must exit 0 and print `done`. Its output.
+/// `.ci/run` installs the SDKs; without them the test fails, not skips.
+pub fn run_sdk_script(name: &str, args: &[&str], done: &str) -> String {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("sdk")
+        .join(name);
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&python)
+        .arg(&script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains(done),
+        "SDK script {name} failed (pip install openai anthropic?)\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    stdout
+}
+
 /// A fresh scratch directory under the system temp dir. Named for the
 /// process, a counter and the time: process ids wrap (every curl is a
 /// process), and a gateway left running by an interrupted run polls its

@@ -519,20 +519,8 @@ fn admin_spend_and_the_used_ratio_gauge_show_spend_and_room() {
 fn the_official_sdks_see_the_402_with_its_level() {
     let mock = Mock::start();
     let gw = start(&mock, "");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/money.py");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(format!("http://{}", gw.addr))
-        .arg(TASKY_KEY)
-        .output()
-        .unwrap_or_else(|e| panic!("run {python}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("sdk money ok"),
-        "SDK script failed (pip install openai anthropic?)\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let gw_url = format!("http://{}", gw.addr);
+    run_sdk_script("money.py", &[&gw_url, TASKY_KEY], "sdk money ok");
 }
 
 /// A body past 64 KiB goes upstream through a subrequest: it reserves on

@@ -244,20 +244,8 @@ fn the_official_sdks_read_what_each_answer_cost() {
     let mock = Mock::start();
     let dir = scratch_dir("prices-sdk");
     let gw = Gateway::start(&config(&mock, &dir));
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/prices.py");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(format!("http://{}", gw.addr))
-        .arg(AGENT_KEY)
-        .output()
-        .unwrap_or_else(|e| panic!("run {python}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("sdk prices ok"),
-        "SDK script failed (pip install openai anthropic?)\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let gw_url = format!("http://{}", gw.addr);
+    run_sdk_script("prices.py", &[&gw_url, AGENT_KEY], "sdk prices ok");
     // 80k * 2.50 + 40k * 1.25 + 1k * 10 = 0.26; 100k * 3 + 100k * 0.30
     // + 2k * 15 = 0.36 (per million).
     let path = dir.join("access.log");

@@ -7,7 +7,6 @@
 
 use loopgate_tests::*;
 use serde_json::{json, Value};
-use std::process::Command;
 
 fn config(mock: &Mock, down: &Mock, log: &std::path::Path) -> String {
     format!(
@@ -472,20 +471,11 @@ fn large_bodies_are_translated_whole() {
 #[test]
 fn official_sdks_read_translated_answers() {
     let s = setup();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/families.py");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(format!("http://{}", s.gw.addr))
-        .arg(AGENT_KEY)
-        .arg(s.mock.url())
-        .output()
-        .unwrap_or_else(|e| panic!("run {python}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("families ok"),
-        "SDK script failed (pip install openai anthropic?)\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    let gw_url = format!("http://{}", s.gw.addr);
+    let out = run_sdk_script(
+        "families.py",
+        &[&gw_url, AGENT_KEY, &s.mock.url()],
+        "families ok",
     );
-    print!("{stdout}");
+    print!("{out}");
 }
