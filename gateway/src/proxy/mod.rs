@@ -3,8 +3,9 @@
 //!
 //! - `call`: what the request is (model, tool, MCP), decided once;
 //! - `request`: `request_filter`'s work: framing, classifying, admission,
-//!   then answering (model list, replay), forwarding, or the large-body
-//!   forwarder (`large_body`);
+//!   then answering (model list, replay), forwarding, or the subrequest
+//!   forwarder (`large_body`: bodies past Pingora's 64 KiB replay buffer,
+//!   and answers held whole for their cost header);
 //! - `admit`: the one admission pipeline, with `model`, `tools` and `mcp`
 //!   judging their kind, `guards` the task guards;
 //! - `upstream` and `attempt`: peer choice, the request as the upstream
