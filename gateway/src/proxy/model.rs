@@ -362,7 +362,7 @@ async fn translate_plan(
     work.judging(loopgate_policy::json::parse_cost(body).saturating_mul(2))?;
     let held = room.hold();
     let translated = if body.len() <= JUDGE_ASIDE_BYTES {
-        translate_all(route, Sent::of(plan), body, held)
+        translate_all(route, Sent::of(plan), body, held)?
     } else {
         let (route, body) = (route.clone(), body.clone());
         let (endpoint, output) = (plan.endpoint, plan.output);
@@ -376,22 +376,30 @@ async fn translate_plan(
             };
             translate_all(&route, sent, &body, held)
         })
-        .await?
+        .await??
     };
     drop(work);
     let (bodies, usage_chunk, held) = match translated {
         Ok(t) => t,
-        Err(e)
-            if e.code() == DenyCode::UntranslatableRequest.as_str()
-                && route
-                    .targets
-                    .iter()
-                    .any(|t| t.provider.serves(plan.endpoint)) =>
+        Err(why)
+            if route
+                .targets
+                .iter()
+                .any(|t| t.provider.serves(plan.endpoint)) =>
         {
-            plan.native_only = Some(Arc::from(e.to_string()));
+            plan.native_only = Some(Arc::from(why.to_string()));
             return Ok(());
         }
-        Err(e) => return Err(e),
+        Err(why) => {
+            return Err(Deny::new(
+                DenyCode::UntranslatableRequest,
+                format!(
+                    "this route sends the request to a provider of the other API family, and {why}"
+                ),
+            )
+            .never_retryable()
+            .into())
+        }
     };
     plan.usage_chunk = usage_chunk;
     plan.translated = Translated {
@@ -402,17 +410,22 @@ async fn translate_plan(
     Ok(())
 }
 
+/// The bodies of [`translate_all`], by target, the OpenAI agent's
+/// `include_usage`, and what holds the bodies' bytes.
+type TranslatedAll = (Vec<Option<Bytes>>, bool, Held);
+
 /// [`translate_plan`]'s work, on the calling thread: each target of the
 /// other family's body (renamed and limited for it, then translated),
 /// one translation shared by targets whose input and options agree; the
-/// bytes kept are counted in `held`.
-#[allow(clippy::type_complexity)]
+/// bytes kept are counted in `held`. `Ok(Err(why))`: the body cannot be
+/// translated faithfully (what the caller does with that depends on the
+/// route); `Err`: the gateway could not do the work.
 fn translate_all(
     route: &Route,
     sent: Sent<'_>,
     body: &[u8],
     mut held: Held,
-) -> Result<(Vec<Option<Bytes>>, bool, Held), GatewayError> {
+) -> Result<Result<TranslatedAll, loopgate_translate::Untranslatable>, GatewayError> {
     let from = super::features::translate::endpoint_family(sent.endpoint).ok_or_else(|| {
         GatewayError::Internal("a translated route on a non-chat endpoint".into())
     })?;
@@ -430,20 +443,14 @@ fn translate_all(
             bodies.push(Some(same.clone()));
             continue;
         }
-        let t =
-            loopgate_translate::request::translate(from, input.as_deref().unwrap_or(body), &opts)
-                .map_err(|e| {
-                GatewayError::from(
-                    Deny::new(
-                        DenyCode::UntranslatableRequest,
-                        format!(
-                            "this route sends the request to a provider of the other API \
-                         family, and {e}"
-                        ),
-                    )
-                    .never_retryable(),
-                )
-            })?;
+        let t = match loopgate_translate::request::translate(
+            from,
+            input.as_deref().unwrap_or(body),
+            &opts,
+        ) {
+            Ok(t) => t,
+            Err(why) => return Ok(Err(why)),
+        };
         usage_chunk = t.usage_chunk;
         let out = serde_json::to_vec(&t.body)
             .map(Bytes::from)
@@ -453,7 +460,7 @@ fn translate_all(
         bodies.push(Some(out.clone()));
         made.push((input, opts, out));
     }
-    Ok((bodies, usage_chunk, held))
+    Ok(Ok((bodies, usage_chunk, held)))
 }
 
 /// Whether attempt `target` of a call on `endpoint` goes to a provider of
