@@ -61,9 +61,7 @@ impl Feature for ListFilter {
         self.active = true;
         self.sse = sse;
         // Filtering changes the length.
-        resp.remove_header("content-length");
-        resp.insert_header("transfer-encoding", "chunked")?;
-        Ok(())
+        super::rewritten_length(resp)
     }
 
     fn response_body(

@@ -81,6 +81,14 @@ pub(crate) trait Feature: Sized + Send {
 /// Declares the features: each `name => Type` line loads module `name`,
 /// adds a field `name: Option<name::Type>` and a call in every phase, in
 /// the order listed.
+/// A feature rewrites this answer's body: it no longer has the
+/// upstream's length, so it goes chunked.
+fn rewritten_length(resp: &mut ResponseHeader) -> pingora::Result<()> {
+    resp.remove_header(&http::header::CONTENT_LENGTH);
+    resp.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+    Ok(())
+}
+
 macro_rules! features {
     ($($name:ident => $ty:ident),* $(,)?) => {
         $(pub mod $name;)*

@@ -241,9 +241,7 @@ impl Feature for Translate {
             resp.insert_header(http::header::CONTENT_TYPE, "application/json")?;
         }
         // Translation changes the length.
-        resp.remove_header(&http::header::CONTENT_LENGTH);
-        resp.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
-        Ok(())
+        super::rewritten_length(resp)
     }
 
     fn response_body(
