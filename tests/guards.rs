@@ -65,6 +65,8 @@ fn a_task_repeating_itself_is_stopped_on_the_third_repeat_with_a_snapshot() {
     let r = call(&gw, Some("task-1"), &[], &ask("no results"));
     r.assert_gateway_error(409, "loop_detected");
     assert_eq!(r.json()["error"]["retryable"], false);
+    // The official SDKs would retry a 409 after its Retry-After without this.
+    assert_eq!(r.header("x-should-retry"), Some("false"));
     let after: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((29..=30).contains(&after), "{after}");
     assert_eq!(posts(&mock), 2, "the provider saw only the allowed calls");

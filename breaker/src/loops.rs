@@ -41,6 +41,10 @@ pub struct LoopConfig {
     pub max_cooldown: Duration,
     /// Clean requests in a row that clear a task's trip history.
     pub clear_after: u32,
+    /// The trip that stops the task instead of cooling it down (default
+    /// 2: a task that loops again after its cool-down is stopped, not
+    /// slowed). 0 never stops: every trip cools down, backing off.
+    pub stop_after_trips: u32,
     /// Idle tasks are forgotten after this long.
     pub idle_ttl: Duration,
 }
@@ -69,6 +73,7 @@ impl Default for LoopConfig {
             cooldown: Duration::from_secs(30),
             max_cooldown: Duration::from_secs(600),
             clear_after: 5,
+            stop_after_trips: 2,
             idle_ttl: Duration::from_secs(3600),
         }
     }
@@ -589,8 +594,12 @@ pub enum LoopVerdict {
     CoolingDown {
         retry_after: Duration,
     },
-    /// This request completes a loop: the task trips now.
+    /// This request completes a loop: the task trips now (and is stopped
+    /// when [`Trip::stopped`]).
     Tripped(Trip),
+    /// The task was stopped by an earlier trip: it stays stopped until it
+    /// has been idle for [`LoopConfig::idle_ttl`].
+    Stopped,
 }
 
 /// Evidence of a trip, for the snapshot file.
@@ -600,6 +609,8 @@ pub struct Trip {
     pub trail: Vec<String>,
     pub trips: u32,
     pub cooldown: Duration,
+    /// This trip stops the task ([`LoopConfig::stop_after_trips`]).
+    pub stopped: bool,
 }
 
 /// One task's loop state: what [`TaskState::step`] reads and writes. It
@@ -609,6 +620,8 @@ pub struct Trip {
 pub struct TaskState {
     ring: VecDeque<Fingerprint>,
     blocked_until: Option<Duration>,
+    /// Stopped by a trip: refused until forgotten (idle for `idle_ttl`).
+    stopped: bool,
     trips: u32,
     clean: u32,
     last_seen: Duration,
@@ -621,26 +634,36 @@ impl TaskState {
             *self = TaskState::default();
         }
         self.last_seen = now;
+        if self.stopped {
+            return LoopVerdict::Stopped;
+        }
         if let Some(until) = self.blocked_until {
             if now < until {
                 return LoopVerdict::CoolingDown {
                     retry_after: until - now,
                 };
             }
-            // Cool-down over: this is the trial request.
+            // Cool-down over: this is the trial request. The ring is kept,
+            // so a trial that repeats the cycle trips again at once: an
+            // agent whose client retries after `Retry-After` (the official
+            // SDKs do) must not get one more repeat through per cool-down.
             self.blocked_until = None;
-            self.ring.clear();
         }
         if let Some(block_len) = detect(&self.ring, &fp, cfg.window, cfg.repeats) {
-            self.trips += 1;
+            self.trips = self.trips.saturating_add(1);
             self.clean = 0;
+            let stopped = cfg.stop_after_trips > 0 && self.trips >= cfg.stop_after_trips;
             let factor = 1u32.checked_shl(self.trips - 1).unwrap_or(u32::MAX);
             let cooldown = cfg
                 .cooldown
                 .checked_mul(factor)
                 .unwrap_or(cfg.max_cooldown)
                 .min(cfg.max_cooldown);
-            self.blocked_until = Some(now + cooldown);
+            if stopped {
+                self.stopped = true;
+            } else {
+                self.blocked_until = Some(now + cooldown);
+            }
             let mut trail: Vec<String> = self.ring.iter().map(hex8).collect();
             trail.push(hex8(&fp));
             return LoopVerdict::Tripped(Trip {
@@ -648,6 +671,7 @@ impl TaskState {
                 trail,
                 trips: self.trips,
                 cooldown,
+                stopped,
             });
         }
         while self.ring.len() >= cfg.window.max(1) {
@@ -662,12 +686,20 @@ impl TaskState {
     }
 
     /// Fixed little-endian layout: trips, clean (u32), blocked-until
-    /// (u64 ns + 1, 0 for none), last-seen (u64 ns), then the ring.
+    /// (u64 ns + 1, 0 for none, `u64::MAX` for stopped: a replica that
+    /// predates stopping reads it as blocked for centuries, still a
+    /// refusal), last-seen (u64 ns), then the ring.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(24 + 32 * self.ring.len());
         out.extend_from_slice(&self.trips.to_le_bytes());
         out.extend_from_slice(&self.clean.to_le_bytes());
-        let blocked = self.blocked_until.map_or(0, |d| d.as_nanos() as u64 + 1);
+        let blocked = if self.stopped {
+            STOPPED
+        } else {
+            self.blocked_until.map_or(0, |d| {
+                (d.as_nanos() as u64).saturating_add(1).min(STOPPED - 1)
+            })
+        };
         out.extend_from_slice(&blocked.to_le_bytes());
         out.extend_from_slice(&(self.last_seen.as_nanos() as u64).to_le_bytes());
         for fp in &self.ring {
@@ -687,7 +719,9 @@ impl TaskState {
         Some(TaskState {
             trips: u32_at(0),
             clean: u32_at(4),
-            blocked_until: (blocked > 0).then(|| Duration::from_nanos(blocked - 1)),
+            blocked_until: (blocked > 0 && blocked != STOPPED)
+                .then(|| Duration::from_nanos(blocked - 1)),
+            stopped: blocked == STOPPED,
             last_seen: Duration::from_nanos(u64_at(16)),
             ring: b[24..]
                 .chunks_exact(32)
@@ -696,6 +730,9 @@ impl TaskState {
         })
     }
 }
+
+/// The blocked-until word of a stopped task.
+const STOPPED: u64 = u64::MAX;
 
 fn hex8(fp: &Fingerprint) -> String {
     fp[..8].iter().map(|b| format!("{b:02x}")).collect()
@@ -1117,7 +1154,11 @@ mod tests {
     #[test]
     fn trips_on_the_third_repeat_then_cools_down_with_backoff_and_recovers() {
         let mut g = Tasks::default();
-        let cfg = LoopConfig::default();
+        // Never stopped: every trip cools down, doubling.
+        let cfg = LoopConfig {
+            stop_after_trips: 0,
+            ..LoopConfig::default()
+        };
         assert_eq!(g.check("t", [7; 32], &cfg, S), LoopVerdict::Allow);
         assert_eq!(g.check("t", [7; 32], &cfg, 2 * S), LoopVerdict::Allow);
         let LoopVerdict::Tripped(trip) = g.check("t", [7; 32], &cfg, 3 * S) else {
@@ -1127,6 +1168,7 @@ mod tests {
             (trip.block_len, trip.trips, trip.cooldown, trip.trail.len()),
             (1, 1, 30 * S, 3)
         );
+        assert!(!trip.stopped);
         assert_eq!(
             g.check("t", [8; 32], &cfg, 10 * S),
             LoopVerdict::CoolingDown {
@@ -1135,14 +1177,17 @@ mod tests {
         );
         // Other tasks are unaffected.
         assert_eq!(g.check("u", [7; 32], &cfg, 10 * S), LoopVerdict::Allow);
-        // After the cool-down a trial request passes; looping again doubles it.
-        assert_eq!(g.check("t", [7; 32], &cfg, 33 * S), LoopVerdict::Allow);
-        assert_eq!(g.check("t", [7; 32], &cfg, 34 * S), LoopVerdict::Allow);
-        let LoopVerdict::Tripped(trip) = g.check("t", [7; 32], &cfg, 35 * S) else {
+        // After the cool-down, a trial that repeats the cycle trips at once
+        // (what an SDK retrying after Retry-After sends); the cool-down doubles.
+        let LoopVerdict::Tripped(trip) = g.check("t", [7; 32], &cfg, 33 * S) else {
             panic!()
         };
-        assert_eq!((trip.trips, trip.cooldown), (2, 60 * S));
-        // After that cool-down, clear_after clean requests reset the back-off.
+        assert_eq!(
+            (trip.trips, trip.cooldown, trip.stopped),
+            (2, 60 * S, false)
+        );
+        // After that cool-down, a new call passes, and clear_after clean
+        // requests reset the back-off.
         for i in 0..5u8 {
             assert_eq!(
                 g.check("t", [20 + i; 32], &cfg, 100 * S),
@@ -1156,6 +1201,54 @@ mod tests {
             panic!()
         };
         assert_eq!((trip.trips, trip.cooldown), (1, 30 * S));
+    }
+
+    #[test]
+    fn a_task_that_loops_again_after_its_cool_down_is_stopped() {
+        let mut g = Tasks::default();
+        let cfg = LoopConfig::default();
+        assert_eq!(cfg.stop_after_trips, 2);
+        g.check("t", [7; 32], &cfg, S);
+        g.check("t", [7; 32], &cfg, 2 * S);
+        let LoopVerdict::Tripped(first) = g.check("t", [7; 32], &cfg, 3 * S) else {
+            panic!()
+        };
+        assert!(!first.stopped);
+        // The same call once the cool-down is over: stopped, not slowed.
+        let LoopVerdict::Tripped(second) = g.check("t", [7; 32], &cfg, 34 * S) else {
+            panic!()
+        };
+        assert_eq!((second.trips, second.stopped), (2, true));
+        // Stopped for every call, however long it waits, until it is idle
+        // for idle_ttl; other tasks are unaffected.
+        for (fp, at) in [([7; 32], 35 * S), ([8; 32], 40 * S), ([9; 32], 3000 * S)] {
+            assert_eq!(g.check("t", fp, &cfg, at), LoopVerdict::Stopped);
+        }
+        assert_eq!(g.check("u", [7; 32], &cfg, 41 * S), LoopVerdict::Allow);
+        assert_eq!(
+            g.check("t", [7; 32], &cfg, 3000 * S + cfg.idle_ttl),
+            LoopVerdict::Allow
+        );
+        // A trial after the cool-down that is a new call goes on as before.
+        let mut h = Tasks::default();
+        for i in 1..=3 {
+            h.check("t", [1; 32], &cfg, i * S);
+        }
+        assert_eq!(h.check("t", [2; 32], &cfg, 40 * S), LoopVerdict::Allow);
+        assert_eq!(h.check("t", [3; 32], &cfg, 41 * S), LoopVerdict::Allow);
+    }
+
+    #[test]
+    fn a_stopped_task_survives_encoding() {
+        let cfg = LoopConfig::default();
+        let mut t = TaskState::default();
+        for i in 0..3 {
+            t.step([5; 32], &cfg, i * S);
+        }
+        t.step([5; 32], &cfg, 40 * S);
+        let mut back = TaskState::decode(&t.encode()).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(back.step([6; 32], &cfg, 41 * S), LoopVerdict::Stopped);
     }
 
     #[test]
@@ -1186,19 +1279,22 @@ mod tests {
         let cfg = LoopConfig {
             cooldown: 30 * S,
             max_cooldown: 100 * S,
+            stop_after_trips: 0,
             ..LoopConfig::default()
         };
         let mut now = Duration::ZERO;
         let mut last = Duration::ZERO;
-        for _ in 0..5 {
-            for _ in 0..2 {
-                g.check("t", [1; 32], &cfg, now);
-            }
+        let mut trips = 0;
+        for _ in 0..15 {
             if let LoopVerdict::Tripped(t) = g.check("t", [1; 32], &cfg, now) {
+                trips += 1;
                 last = t.cooldown;
                 now += t.cooldown;
             }
         }
+        // The first trip takes three calls; every later one trips at once
+        // when the cool-down ends (30, 60, then capped at 100).
+        assert!(trips >= 5, "{trips}");
         assert_eq!(last, 100 * S);
     }
 }

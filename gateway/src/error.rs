@@ -9,6 +9,11 @@
 
 use loopgate_policy::{Deny, DenyCode};
 
+/// The longest `Retry-After` the openai and anthropic SDKs wait out; a
+/// longer one they ignore and retry after their own short back-off, which
+/// only meets the same refusal again.
+pub const MAX_HONOURED_RETRY_AFTER_SECS: u64 = 60;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GatewayError {
     /// Admission refused the request.
@@ -140,6 +145,19 @@ impl GatewayError {
         }
     }
 
+    /// Whether a client's own retry (the official SDKs retry 408, 409, 429
+    /// and 5xx by themselves, waiting out `Retry-After`) can succeed soon
+    /// enough to be worth it: a refusal that waiting cannot fix, or one
+    /// that clears only after longer than a client waits on `Retry-After`
+    /// ([`MAX_HONOURED_RETRY_AFTER_SECS`]; a day's budget), is answered
+    /// with `x-should-retry: false`, which those SDKs obey.
+    pub fn worth_retrying(&self) -> bool {
+        self.retryable()
+            && self
+                .retry_after_secs()
+                .is_none_or(|s| s <= MAX_HONOURED_RETRY_AFTER_SECS)
+    }
+
     pub fn retryable(&self) -> bool {
         match self {
             GatewayError::Denied(d) => d.retryable,
@@ -211,6 +229,40 @@ mod tests {
         ] {
             assert_eq!(e.status(), s);
             assert!(e.retryable());
+        }
+    }
+
+    #[test]
+    fn only_refusals_that_clear_soon_are_worth_a_clients_retry() {
+        use std::time::Duration;
+        let loop_deny = Deny::new(DenyCode::LoopDetected, "x")
+            .retry_after(Duration::from_secs(30))
+            .never_retryable();
+        let day = Deny::new(DenyCode::BudgetExceeded, "x").retry_after(Duration::from_secs(86_000));
+        let minute = Deny::new(DenyCode::RateLimited, "x").retry_after(Duration::from_secs(2));
+        for (e, worth) in [
+            (GatewayError::Denied(loop_deny), false),
+            (
+                GatewayError::Denied(Deny::new(DenyCode::TaskStopped, "x")),
+                false,
+            ),
+            (
+                GatewayError::Denied(Deny::new(DenyCode::BlockedPhrase, "x")),
+                false,
+            ),
+            (GatewayError::Denied(day), false),
+            (GatewayError::Denied(minute), true),
+            (GatewayError::Overloaded("x".into()), true),
+            (
+                GatewayError::CircuitOpen {
+                    provider: "p".into(),
+                    retry_after: Duration::from_secs(5),
+                },
+                true,
+            ),
+            (GatewayError::BadRequest("x".into()), false),
+        ] {
+            assert_eq!(e.worth_retrying(), worth, "{e}");
         }
     }
 

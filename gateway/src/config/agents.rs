@@ -453,6 +453,7 @@ fn build_loops(errs: &mut Errs, at: &str, l: &spec::LoopGuardSpec) -> Option<Loo
         cooldown,
         max_cooldown,
         clear_after: l.clear_after.unwrap_or(d.clear_after).max(1),
+        stop_after_trips: l.stop_after_trips.unwrap_or(d.stop_after_trips),
         idle_ttl: d.idle_ttl,
     })
 }

@@ -722,6 +722,12 @@ pub struct LoopGuardSpec {
     /// Clean requests in a row that reset the back-off. Default 5.
     #[serde(default)]
     pub clear_after: Option<u32>,
+    /// The trip that stops the task (429 `task_stopped`) instead of
+    /// cooling it down: default 2, so a task that repeats its loop after
+    /// the cool-down is stopped, not slowed; 0 never stops (every trip
+    /// cools down, doubling up to `max_cooldown_ms`).
+    #[serde(default)]
+    pub stop_after_trips: Option<u32>,
     /// Directory for a JSON snapshot per trip.
     #[serde(default)]
     pub snapshot_dir: Option<String>,

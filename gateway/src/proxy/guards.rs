@@ -46,15 +46,26 @@ pub async fn check_loop(
             .retry_after(retry_after)
             .never_retryable(),
         ),
+        LoopVerdict::Stopped => Some(stopped_by_loop(task_key)),
         LoopVerdict::Tripped(trip) => {
-            log::warn!(
-                "loop detected: agent `{}` task `{task_key}`: a cycle of {} request(s) repeated {} times; blocked for {} s (trip {})",
-                rules.name,
-                trip.block_len,
-                cfg.repeats,
-                trip.cooldown.as_secs(),
-                trip.trips
-            );
+            if trip.stopped {
+                log::warn!(
+                    "loop detected: agent `{}` task `{task_key}`: a cycle of {} request(s) repeated {} times after {} earlier trip(s); task stopped",
+                    rules.name,
+                    trip.block_len,
+                    cfg.repeats,
+                    trip.trips.saturating_sub(1),
+                );
+            } else {
+                log::warn!(
+                    "loop detected: agent `{}` task `{task_key}`: a cycle of {} request(s) repeated {} times; blocked for {} s (trip {})",
+                    rules.name,
+                    trip.block_len,
+                    cfg.repeats,
+                    trip.cooldown.as_secs(),
+                    trip.trips
+                );
+            }
             env.metrics
                 .loop_trips
                 .with_label_values(&[&rules.name])
@@ -62,7 +73,9 @@ pub async fn check_loop(
             if let Some(dir) = &guards.snapshot_dir {
                 write_snapshot(dir.clone(), &rules.name, task_key, cfg, &trip);
             }
-            Some(
+            Some(if trip.stopped {
+                stopped_by_loop(task_key)
+            } else {
                 Deny::new(
                     DenyCode::LoopDetected,
                     format!(
@@ -73,10 +86,23 @@ pub async fn check_loop(
                     ),
                 )
                 .retry_after(trip.cooldown)
-                .never_retryable(),
-            )
+                .never_retryable()
+            })
         }
     })
+}
+
+/// A task the loop guard stopped: refused until it has been idle for the
+/// guard's idle time. Nothing but a new task clears it, so no retry can
+/// help (`x-should-retry: false`).
+fn stopped_by_loop(task_key: &str) -> Deny {
+    Deny::new(
+        DenyCode::TaskStopped,
+        format!(
+            "task `{task_key}` was stopped by the loop guard: it repeated its loop after a cool-down"
+        ),
+    )
+    .never_retryable()
 }
 
 /// Runs the task's loop state one step in the state store (the pure
@@ -274,7 +300,11 @@ fn write_snapshot(
         "fingerprints": trip.trail,
         "cycle_length": trip.block_len,
         "thresholds": {"window": cfg.window, "repeats": cfg.repeats, "last_turns": cfg.last_turns},
-        "state": {"trips": trip.trips, "blocked_for_ms": trip.cooldown.as_millis() as u64},
+        "state": if trip.stopped {
+            serde_json::json!({"trips": trip.trips, "stopped": true})
+        } else {
+            serde_json::json!({"trips": trip.trips, "blocked_for_ms": trip.cooldown.as_millis() as u64})
+        },
     });
     let path = dir.join(format!("{safe}-{ms}.json"));
     let _ = std::thread::Builder::new()

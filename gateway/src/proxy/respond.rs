@@ -23,6 +23,9 @@ pub const COST_HEADER: &str = "x-loopgate-cost-usd";
 pub const DEGRADED_HEADER: &str = "x-loopgate-degraded";
 /// Forwarded under `fail_mode: open`: why the gateway could not decide.
 pub const FAIL_OPEN_HEADER: &str = "x-loopgate-fail-open";
+/// Read by the official OpenAI and Anthropic SDKs before their own retry
+/// rules: `false` on every refusal that a retry cannot clear soon.
+pub const SHOULD_RETRY_HEADER: &str = "x-should-retry";
 
 /// Once an MCP body is judged, a refusal answers its message in-band: the
 /// id of the message refused (the first `tools/call`'s, else a lone
@@ -44,6 +47,11 @@ pub async fn write_error(session: &mut Session, ctx: &mut RequestCtx, e: &Gatewa
     let mut extra: Vec<(&'static str, String)> = vec![(ERROR_HEADER, e.code().to_string())];
     if let Some(secs) = e.retry_after_secs() {
         extra.push(("retry-after", secs.max(1).to_string()));
+    }
+    if !e.worth_retrying() {
+        // The official SDKs retry 409, 429 and 5xx by themselves (a loop
+        // refusal included, after its Retry-After) unless told not to.
+        extra.push((SHOULD_RETRY_HEADER, "false".to_string()));
     }
     if let GatewayError::MethodNotAllowed { allow, .. } = e {
         extra.push(("allow", allow.clone()));
