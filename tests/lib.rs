@@ -123,6 +123,17 @@ impl From<Child> for Proc {
     }
 }
 
+impl Proc {
+    /// The process, to wait on or read its output.
+    pub fn child(&mut self) -> &mut Child {
+        &mut self.0
+    }
+
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();

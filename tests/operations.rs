@@ -33,7 +33,7 @@ fn the_demo_runs_from_any_directory() {
         .stderr(Stdio::null())
         .spawn()
         .expect("start loopgate demo");
-    let _demo = Proc::from(child);
+    let mut demo = Proc::from(child);
     assert!(
         eventually(20, || try_curl(&["http://127.0.0.1:9091/health"])
             .is_some_and(|r| r.status == 200)),
@@ -43,6 +43,26 @@ fn the_demo_runs_from_any_directory() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-loopgate-provider"), Some("mock-openai"));
     assert!(!cwd.join("conf").exists());
+    // Ctrl-C removes the demo's temporary directory (issue 42: each run
+    // left one behind).
+    let pid = demo.id();
+    let tmp = std::env::temp_dir().join(format!("loopgate-demo-{pid}"));
+    assert!(tmp.join("demo.yaml").exists(), "{}", tmp.display());
+    send_signal(pid, "INT");
+    assert!(eventually(10, || demo
+        .child()
+        .try_wait()
+        .is_ok_and(|s| s.is_some())));
+    assert!(!tmp.exists(), "{} is left behind", tmp.display());
+}
+
+/// Sends `signal` (a name for `kill -s`) to process `pid`.
+fn send_signal(pid: u32, signal: &str) {
+    let ok = Command::new("kill")
+        .args(["-s", signal, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -s {signal} {pid}");
 }
 
 /// logrotate moves the file away, then signals: lines before the signal
@@ -69,11 +89,7 @@ fn the_access_log_is_reopened_on_sigusr1_and_through_the_admin_api() {
     std::fs::rename(&log, &rotated).unwrap();
     assert_eq!(chat(&base, AGENT_KEY).status, 200); // still goes to the moved file
     assert!(eventually(5, || lines(&rotated) == 4));
-    let killed = Command::new("kill")
-        .args(["-USR1", &gw.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    send_signal(gw.pid(), "USR1");
     assert!(eventually(5, || log.exists()), "a new file is opened");
     for _ in 0..2 {
         assert_eq!(chat(&base, AGENT_KEY).status, 200);
@@ -123,4 +139,167 @@ fn reopening_a_log_that_is_no_file_is_refused() {
     ]);
     assert_eq!(r.status, 409, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "not_a_file");
+}
+
+/// The demo config, listening on free ports: `(yaml, gateway, admin, mock)`.
+fn demo_on_free_ports() -> (String, u16, u16, u16) {
+    let (gw, admin, mock) = (free_port(), free_port(), free_port());
+    let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../conf/demo.yaml"))
+        .expect("conf/demo.yaml")
+        .replace("127.0.0.1:8080", &format!("127.0.0.1:{gw}"))
+        .replace("127.0.0.1:9091", &format!("127.0.0.1:{admin}"))
+        .replace("127.0.0.1:18081", &format!("127.0.0.1:{mock}"));
+    (yaml, gw, admin, mock)
+}
+
+/// Waits for `child` to exit: its exit code, stdout and stderr, or `None`
+/// when it still runs after `secs` (then it is killed).
+fn exits_within(child: std::process::Child, secs: u64) -> Option<(Option<i32>, String, String)> {
+    let mut proc = Proc::from(child);
+    let child = proc.child();
+    if !eventually(secs, || child.try_wait().is_ok_and(|s| s.is_some())) {
+        return None;
+    }
+    let out = |r: Option<&mut dyn std::io::Read>| {
+        let mut s = String::new();
+        if let Some(r) = r {
+            let _ = r.read_to_string(&mut s);
+        }
+        s
+    };
+    let code = child.try_wait().ok().flatten().and_then(|s| s.code());
+    let stdout = out(child.stdout.as_mut().map(|o| o as &mut dyn std::io::Read));
+    let stderr = out(child.stderr.as_mut().map(|e| e as &mut dyn std::io::Read));
+    Some((code, stdout, stderr))
+}
+
+/// Issue 42: with a listen address taken, Pingora retried it for ~28 s,
+/// then its listener threads panicked and the process stayed up serving
+/// nothing (the demo's banner already printed). Both commands now check
+/// every address first and exit 1 at once, naming it.
+#[test]
+fn a_busy_port_ends_run_and_demo_at_once_naming_the_address() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = scratch_dir("busy");
+    let (yaml, gw, admin, _) = demo_on_free_ports();
+    let busy = format!("127.0.0.1:{port}");
+    for (what, text) in [
+        (
+            "admin.listen",
+            yaml.replace(&format!("127.0.0.1:{admin}"), &busy),
+        ),
+        ("listen", yaml.replace(&format!("127.0.0.1:{gw}"), &busy)),
+    ] {
+        let path = dir.join(format!("{}.yaml", what.replace('.', "-")));
+        std::fs::write(&path, &text).unwrap();
+        for cmd in ["run", "demo"] {
+            let child = Command::new(bin())
+                .args([cmd, "--config"])
+                .arg(&path)
+                .args(if cmd == "demo" {
+                    vec!["--mock-listen", "127.0.0.1:0"]
+                } else {
+                    vec![]
+                })
+                .env("LOOPGATE_DEMO_UPSTREAM_KEY", "k")
+                .env("LOOPGATE_ADMIN_TOKEN", "t")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let (code, stdout, stderr) = exits_within(child, 10)
+                .unwrap_or_else(|| panic!("`loopgate {cmd}` still runs with {what} taken"));
+            assert_eq!(code, Some(1), "{cmd} {what}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{what}: cannot listen on 127.0.0.1:{port}")),
+                "{cmd} {what}: {stderr}"
+            );
+            assert!(!stdout.contains("Loopgate demo"), "{cmd}: {stdout}");
+            assert!(!stderr.contains("panicked"), "{cmd}: {stderr}");
+        }
+    }
+    drop(taken);
+}
+
+/// Issue 42: the demo supplied its upstream key and admin token for its
+/// first load only, so every reload of the file it says to edit failed
+/// ("LOOPGATE_DEMO_UPSTREAM_KEY is not set"). An edit now takes effect,
+/// as does the admin API's reload with the demo's token; with
+/// `LOOPGATE_ADMIN_TOKEN` set the banner names the variable instead of a
+/// token that would get 401.
+#[test]
+fn the_demos_config_reloads_with_its_own_secrets() {
+    let (yaml, gw, admin, mock) = demo_on_free_ports();
+    let path = scratch_dir("demo-reload").join("demo.yaml");
+    std::fs::write(&path, &yaml).unwrap();
+    let child = Command::new(bin())
+        .args(["demo", "--config"])
+        .arg(&path)
+        .args(["--mock-listen", &format!("127.0.0.1:{mock}")])
+        .env_remove("LOOPGATE_DEMO_UPSTREAM_KEY")
+        .env_remove("LOOPGATE_ADMIN_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start loopgate demo");
+    let _demo = Proc::from(child);
+    let gw = format!("http://127.0.0.1:{gw}");
+    assert!(eventually(20, || try_curl(&[&format!(
+        "http://127.0.0.1:{admin}/health"
+    )])
+    .is_some_and(|r| r.status == 200)));
+    assert_eq!(chat(&gw, "demo-agent-key").status, 200);
+    // Take gpt-4o-mini away from the demo agent: the edit reloads.
+    let edited = yaml.replace(
+        "models: [gpt-4o-mini, text-embedding-3-small,",
+        "models: [text-embedding-3-small,",
+    );
+    assert_ne!(edited, yaml);
+    std::fs::write(&path, edited).unwrap();
+    assert!(
+        eventually(10, || chat(&gw, "demo-agent-key").status == 403),
+        "the edited demo config took effect"
+    );
+    let r = curl(&[
+        "-X",
+        "POST",
+        &format!("http://127.0.0.1:{admin}/admin/reload"),
+        "-H",
+        "authorization: Bearer demo-admin-token",
+    ]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["ok"], true);
+
+    // With the token in the environment, the banner names the variable.
+    let (yaml, _, _, _) = demo_on_free_ports();
+    let path = scratch_dir("demo-token").join("demo.yaml");
+    std::fs::write(&path, &yaml).unwrap();
+    let mut child = Command::new(bin())
+        .args(["demo", "--config"])
+        .arg(&path)
+        .args(["--mock-listen", "127.0.0.1:0"])
+        .env("LOOPGATE_ADMIN_TOKEN", "my-own-token")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start loopgate demo");
+    let mut banner = String::new();
+    {
+        use std::io::BufRead;
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        for line in out.lines().map_while(Result::ok) {
+            banner += &line;
+            banner += "\n";
+            if line.contains("Press Ctrl-C") {
+                break;
+            }
+        }
+    }
+    drop(Proc::from(child));
+    assert!(
+        banner.contains(r#"-H "Authorization: Bearer $LOOPGATE_ADMIN_TOKEN""#),
+        "{banner}"
+    );
+    assert!(!banner.contains("demo-admin-token") && !banner.contains("my-own-token"));
 }

@@ -110,6 +110,7 @@ const DEMO_AGENT_KEY: &str = "demo-agent-key";
 const DEMO_UPSTREAM_KEY_ENV: &str = "LOOPGATE_DEMO_UPSTREAM_KEY";
 /// The admin token the demo uses unless the environment sets one.
 const DEMO_ADMIN_TOKEN_ENV: &str = "LOOPGATE_ADMIN_TOKEN";
+const DEMO_ADMIN_TOKEN: &str = "demo-admin-token";
 
 fn main() -> ExitCode {
     // Pingora's HTTP/1 code dumps a malformed request's raw bytes at debug
@@ -137,8 +138,9 @@ fn main() -> ExitCode {
 }
 
 fn run(path: &Path) -> ExitCode {
-    match config::load(path) {
-        Ok(cfg) => server::run(cfg, path.to_path_buf()),
+    let source = config::Source::file(path.to_path_buf());
+    match source.load() {
+        Ok(cfg) => server::run(cfg, source),
         Err(errs) => {
             eprintln!("{errs}");
             ExitCode::from(2)
@@ -235,17 +237,73 @@ fn mock(listen: SocketAddr, threads: usize, faults: FaultArgs) -> ExitCode {
 /// from any directory and from an installed binary.
 const DEMO_CONFIG: &str = include_str!("../../conf/demo.yaml");
 
-/// Writes the built-in demo config to a file of its own (the gateway
-/// watches its file: edit it and the demo reloads) and returns its path.
+/// Writes the built-in demo config to a directory of its own (the
+/// gateway watches its file: edit it and the demo reloads) and returns the
+/// file's path. The directory is removed when the demo is stopped (see
+/// [`remove_on_exit`]); ones left by a demo that was killed are swept here.
 fn demo_config_file() -> std::io::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("loopgate-demo-{}", std::process::id()));
+    sweep_stale_demo_dirs();
+    let dir = std::env::temp_dir().join(format!("{DEMO_DIR_PREFIX}{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("demo.yaml");
     std::fs::write(&path, DEMO_CONFIG)?;
+    remove_on_exit(&dir, &path);
     Ok(path)
 }
 
+const DEMO_DIR_PREFIX: &str = "loopgate-demo-";
+
+/// Removes the demo directories of processes that no longer run (a demo
+/// stopped by SIGKILL cannot clean up after itself).
+fn sweep_stale_demo_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DEMO_DIR_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// On SIGINT or SIGTERM (Ctrl-C), removes the demo's file and directory
+/// before Pingora's own handler ends the process. The handler only calls
+/// `unlink` and `rmdir` on paths prepared here: both are safe in a signal
+/// handler, where allocating is not.
+fn remove_on_exit(dir: &Path, file: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let (Ok(dir), Ok(file)) = (
+        std::ffi::CString::new(dir.as_os_str().as_bytes()),
+        std::ffi::CString::new(file.as_os_str().as_bytes()),
+    ) else {
+        return;
+    };
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let (dir, file) = (dir.clone(), file.clone());
+        // SAFETY: the action only makes async-signal-safe system calls on
+        // strings it owns; it neither allocates nor locks.
+        let registered = unsafe {
+            signal_hook::low_level::register(signal, move || {
+                libc::unlink(file.as_ptr());
+                libc::rmdir(dir.as_ptr());
+            })
+        };
+        if let Err(e) = registered {
+            log::debug!("demo: cannot clean up on signal {signal}: {e}");
+        }
+    }
+}
+
 fn demo(config: Option<PathBuf>, mock_listen: SocketAddr) -> ExitCode {
+    let own_file = config.is_none();
     let path = match config {
         Some(p) => p,
         None => match demo_config_file() {
@@ -256,36 +314,54 @@ fn demo(config: Option<PathBuf>, mock_listen: SocketAddr) -> ExitCode {
             }
         },
     };
-    let path = path.as_path();
-    let env = |name: &str| match name {
-        DEMO_UPSTREAM_KEY_ENV => {
-            Some(std::env::var(name).unwrap_or_else(|_| "mock-upstream-secret".to_string()))
+    // Removes the demo's own directory on an early exit.
+    let give_up = |path: &Path, code: u8| {
+        if let (true, Some(dir)) = (own_file, path.parent()) {
+            let _ = std::fs::remove_dir_all(dir);
         }
-        DEMO_ADMIN_TOKEN_ENV => {
-            Some(std::env::var(name).unwrap_or_else(|_| "demo-admin-token".to_string()))
-        }
-        _ => std::env::var(name).ok(),
+        ExitCode::from(code)
     };
-    let cfg = match config::load_with_env(path, &env) {
+    // The demo's own upstream key and admin token stand in for variables
+    // the environment does not set, at the first load and every reload.
+    let source = config::Source::with_fallback(
+        path,
+        vec![
+            (DEMO_UPSTREAM_KEY_ENV, "mock-upstream-secret".to_string()),
+            (DEMO_ADMIN_TOKEN_ENV, DEMO_ADMIN_TOKEN.to_string()),
+        ],
+    );
+    let cfg = match source.load() {
         Ok(cfg) => cfg,
         Err(errs) => {
             eprintln!("{errs}");
-            return ExitCode::from(2);
+            return give_up(&source.path, 2);
         }
     };
+    // Before the mock starts and the banner is printed: pasted examples
+    // must never reach whatever else owns the port.
+    if let Err(e) = server::check_listeners(&cfg) {
+        eprintln!("demo: {e}");
+        return give_up(&source.path, 1);
+    }
     let faults = mock::Faults::default();
     let mock_addr = match mock::spawn(mock_listen, mock::MockOptions { defaults: faults }, 1) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("demo: cannot start the mock provider on {mock_listen}: {e}");
-            return ExitCode::from(1);
+            return give_up(&source.path, 1);
         }
     };
     let gw = format!("http://{}", cfg.listen);
     let admin = cfg
         .admin_listen
         .map_or_else(|| "(no admin listener)".to_string(), |a| a.to_string());
-    let config = path.display();
+    let config = source.path.display();
+    // The token itself is printed only when it is the demo's own.
+    let admin_token = if std::env::var_os(DEMO_ADMIN_TOKEN_ENV).is_some() {
+        format!("${DEMO_ADMIN_TOKEN_ENV}")
+    } else {
+        DEMO_ADMIN_TOKEN.to_string()
+    };
     println!(
         r#"
 Loopgate demo
@@ -333,7 +409,7 @@ MCP (the mock's server behind /mcp/files; only read_file and search_docs are gra
 
 Admin (metrics are open; the API needs the token):
   curl -s http://{admin}/metrics | grep loopgate_requests_total
-  curl -s http://{admin}/admin/breakers -H 'Authorization: Bearer demo-admin-token'
+  curl -s http://{admin}/admin/breakers -H "Authorization: Bearer {admin_token}"
 
 Python (pip install openai anthropic):
   from openai import OpenAI
@@ -350,5 +426,5 @@ Press Ctrl-C to stop.
 "#
     );
     let _ = std::io::stdout().flush();
-    server::run(cfg, path.to_path_buf())
+    server::run(cfg, source)
 }

@@ -5,17 +5,17 @@
 //! `FILE: path.to.field: why`. Limit counters live in the state store, not
 //! in the snapshot, so they survive a reload.
 
-use crate::config::{self, Config};
+use crate::config::{Config, Source};
 use crate::metrics::Metrics;
 use arc_swap::ArcSwap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 const POLL: Duration = Duration::from_secs(1);
 
-pub fn spawn(path: PathBuf, config: Arc<ArcSwap<Config>>, metrics: Arc<Metrics>) {
+pub fn spawn(source: Source, config: Arc<ArcSwap<Config>>, metrics: Arc<Metrics>) {
     let (tx, rx) = mpsc::channel::<()>();
     match signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP]) {
         Ok(mut signals) => {
@@ -34,7 +34,7 @@ pub fn spawn(path: PathBuf, config: Arc<ArcSwap<Config>>, metrics: Arc<Metrics>)
     let _ = std::thread::Builder::new()
         .name("loopgate-reload".into())
         .spawn(move || {
-            let mut seen = stamp(&path);
+            let mut seen = stamp(&source.path);
             loop {
                 let signalled = match rx.recv_timeout(POLL) {
                     Ok(()) => true,
@@ -45,10 +45,10 @@ pub fn spawn(path: PathBuf, config: Arc<ArcSwap<Config>>, metrics: Arc<Metrics>)
                         false
                     }
                 };
-                let now = stamp(&path);
+                let now = stamp(&source.path);
                 if signalled || now != seen {
                     seen = now;
-                    reload(&path, &config, &metrics);
+                    reload(&source, &config, &metrics);
                 }
             }
         });
@@ -60,18 +60,18 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
     Some((m.modified().ok()?, m.len()))
 }
 
-/// Loads `path` and swaps it in if valid. Returns whether it was swapped.
-pub fn reload(path: &Path, current: &ArcSwap<Config>, metrics: &Metrics) -> bool {
-    try_reload(path, current, metrics).is_ok()
+/// Loads the source and swaps it in if valid. Returns whether it was swapped.
+pub fn reload(source: &Source, current: &ArcSwap<Config>, metrics: &Metrics) -> bool {
+    try_reload(source, current, metrics).is_ok()
 }
 
 /// As [`reload`], returning the errors (`FILE: path: why`) of a bad file.
 pub fn try_reload(
-    path: &Path,
+    source: &Source,
     current: &ArcSwap<Config>,
     metrics: &Metrics,
 ) -> Result<(), Vec<String>> {
-    match config::load(path) {
+    match source.load() {
         Ok(mut new) => {
             let old = current.load();
             for (what, changed) in [

@@ -2,7 +2,7 @@
 //! listener, and the background DNS refresher.
 
 use crate::access_log::AccessLog;
-use crate::config::Config;
+use crate::config::{Config, Source};
 use crate::metrics::Metrics;
 use crate::probe;
 use crate::proxy::Gateway;
@@ -18,15 +18,38 @@ use pingora::protocols::http::ServerSession;
 use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
 use pingora::services::listening::Service;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// How often host names of providers are resolved again.
 const DNS_REFRESH: Duration = Duration::from_secs(30);
 
-/// Runs the gateway until the process is stopped. Does not return.
-pub fn run(cfg: Config, path: PathBuf) -> ! {
+/// Whether every address the gateway listens on (agents, admin) is free,
+/// tried before anything starts: Pingora retries a busy address for
+/// about half a minute and then panics in its listener threads while the
+/// process stays up, serving nothing. The error names the address.
+pub fn check_listeners(cfg: &Config) -> Result<(), String> {
+    let admin = cfg.admin_listen.map(|a| (a, "admin.listen"));
+    for (addr, what) in std::iter::once((cfg.listen, "listen")).chain(admin) {
+        // Bound and closed at once: a listener that accepted nothing
+        // leaves no TIME_WAIT behind, so Pingora's own bind follows.
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            return Err(format!(
+                "{}: {what}: cannot listen on {addr}: {e}",
+                cfg.file
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs the gateway until the process is stopped. Does not return; exits
+/// 1 at once when a listen address is taken ([`check_listeners`]).
+pub fn run(cfg: Config, source: Source) -> ! {
+    if let Err(e) = check_listeners(&cfg) {
+        eprintln!("{e}");
+        std::process::exit(1);
+    }
     let listen = cfg.listen;
     let admin = cfg.admin_listen;
     let threads = cfg.threads;
@@ -34,8 +57,8 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
     let config = Arc::new(ArcSwap::from_pointee(cfg));
     start_dns_refresher(config.clone());
     let metrics = Arc::new(Metrics::new());
-    let reload_path = path.clone();
-    reload::spawn(path, config.clone(), metrics.clone());
+    let reload_source = source.clone();
+    reload::spawn(source, config.clone(), metrics.clone());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::default());
     let breakers = Arc::new(BreakerSet::new());
     let (store, shared) = match shared::build(&config.load().state, config.load().bounds) {
@@ -127,7 +150,7 @@ pub fn run(cfg: Config, path: PathBuf) -> ! {
             metrics,
             breakers,
             clock,
-            path: reload_path,
+            source: reload_source,
             shared,
             store,
             spend,
@@ -191,7 +214,7 @@ struct Admin {
     metrics: Arc<Metrics>,
     breakers: Arc<BreakerSet>,
     clock: Arc<dyn Clock>,
-    path: PathBuf,
+    source: Source,
     /// The Redis side of shared state, when configured.
     shared: Option<Arc<Shared>>,
     /// The state store the proxy admits with (spend is read from it).
@@ -343,7 +366,7 @@ impl ServeHttp for Admin {
                 }
             }
             ("/admin/reload", _, true) => {
-                match reload::try_reload(&self.path, &self.config, &self.metrics) {
+                match reload::try_reload(&self.source, &self.config, &self.metrics) {
                     Ok(()) => json_response(200, &serde_json::json!({"ok": true})),
                     Err(errors) => {
                         json_response(422, &serde_json::json!({"ok": false, "errors": errors}))

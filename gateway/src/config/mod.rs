@@ -19,7 +19,8 @@ pub use runtime::Config;
 pub use spec::ProviderKind;
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// One problem in a config file, rendered as `FILE: path.to.field: why`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +58,46 @@ impl fmt::Display for ConfigErrors {
 }
 
 impl std::error::Error for ConfigErrors {}
+
+/// Where a running gateway reads its config, at start and at every
+/// reload: the file, and values for environment variables the process
+/// does not set (the demo's upstream key and admin token), so a reload
+/// resolves `*_env` secrets exactly as the first load did.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub path: PathBuf,
+    fallback: Arc<[(&'static str, String)]>,
+}
+
+impl Source {
+    /// The file, with the process environment only.
+    pub fn file(path: PathBuf) -> Source {
+        Source::with_fallback(path, Vec::new())
+    }
+
+    /// The file, with `fallback` for variables the environment lacks.
+    pub fn with_fallback(path: PathBuf, fallback: Vec<(&'static str, String)>) -> Source {
+        Source {
+            path,
+            fallback: fallback.into(),
+        }
+    }
+
+    /// A variable's value: the environment's, else the fallback's.
+    pub fn env(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok().or_else(|| {
+            self.fallback
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        })
+    }
+
+    /// Reads, parses and validates the file.
+    pub fn load(&self) -> Result<Config, ConfigErrors> {
+        load_with_env(&self.path, &|name| self.env(name))
+    }
+}
 
 /// Reads, parses and validates a config file, resolving `*_env` secrets from
 /// the process environment.
