@@ -32,6 +32,17 @@ assert usage is not None and usage.completion_tokens == 8, usage
 resp = oa.responses.create(model="gpt-4o-mini", input="hi")
 assert resp.output_text.startswith("Hello"), resp
 
+# The streaming helper checks the event order (issue 42: the mock's stream
+# lacked response.output_item.added and content_part.added, and the helper
+# raised "Received a content event for output index 0 before receiving its
+# output item").
+with oa.responses.stream(model="gpt-4o-mini", input="hi") as stream:
+    deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+    final = stream.get_final_response()
+assert "".join(deltas) == "Hello from the Loopgate mock provider. ", deltas
+assert final.output_text == "".join(deltas), final
+assert final.usage.output_tokens == 8, final.usage
+
 emb = oa.embeddings.create(model="text-embedding-3-small", input=["a", "b"])
 assert len(emb.data) == 2
 

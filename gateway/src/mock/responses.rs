@@ -403,19 +403,56 @@ impl Exchange {
                     seq += 1;
                     named(name, v)
                 };
+                // As OpenAI streams: the output item and its content part
+                // are announced before any text (the openai SDK's
+                // `responses.stream()` refuses text for an item it has not
+                // seen), and closed after it.
+                let text = self.text();
+                let part =
+                    |text: &str| json!({"type": "output_text", "text": text, "annotations": []});
+                let item = |status: &str, content: Value| {
+                    json!({"type": "message", "id": "msg_mock", "status": status,
+                           "role": "assistant", "content": content})
+                };
+                let at = json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0});
+                let with = |mut v: Value, key: &str, x: Value| {
+                    v[key] = x;
+                    v
+                };
                 out.push(ev(
                     "response.created",
                     json!({"response": self.responses_object("in_progress", false)}),
                 ));
+                out.push(ev(
+                    "response.in_progress",
+                    json!({"response": self.responses_object("in_progress", false)}),
+                ));
+                out.push(ev(
+                    "response.output_item.added",
+                    json!({"output_index": 0, "item": item("in_progress", json!([]))}),
+                ));
+                out.push(ev(
+                    "response.content_part.added",
+                    with(at.clone(), "part", part("")),
+                ));
                 for p in &self.pieces {
+                    let delta = with(at.clone(), "delta", json!(p));
                     out.push(ev(
                         "response.output_text.delta",
-                        json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0, "delta": p}),
+                        with(delta, "logprobs", json!([])),
                     ));
                 }
                 out.push(ev(
                     "response.output_text.done",
-                    json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0, "text": self.text()}),
+                    with(with(at.clone(), "text", json!(text)), "logprobs", json!([])),
+                ));
+                out.push(ev(
+                    "response.content_part.done",
+                    with(at, "part", part(&text)),
+                ));
+                out.push(ev(
+                    "response.output_item.done",
+                    json!({"output_index": 0, "item": item("completed", json!([part(&text)]))}),
                 ));
                 out.push(ev(
                     "response.completed",
