@@ -8,6 +8,7 @@ mod access_log;
 mod config;
 mod connections;
 mod error;
+mod logging;
 mod metrics;
 mod mock;
 mod probe;
@@ -113,13 +114,7 @@ const DEMO_ADMIN_TOKEN_ENV: &str = "LOOPGATE_ADMIN_TOKEN";
 const DEMO_ADMIN_TOKEN: &str = "demo-admin-token";
 
 fn main() -> ExitCode {
-    // Pingora's HTTP/1 code dumps a malformed request's raw bytes at debug
-    // level, agents' keys included: those modules never log below info,
-    // whatever RUST_LOG says. Loopgate's own debug lines carry no secrets.
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .filter_module("pingora_core::protocols", log::LevelFilter::Info)
-        .filter_module("pingora_proxy", log::LevelFilter::Info)
-        .init();
+    logging::init();
     let cli = Cli::parse();
     match cli.command {
         Command::Run { config } => run(&config),

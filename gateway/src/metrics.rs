@@ -209,6 +209,10 @@ impl Metrics {
             )),
             registry,
         };
+        // Counted by the logger, which has no Metrics (see `logging`).
+        let _ = m
+            .registry
+            .register(Box::new(crate::logging::POOL_RACES.clone()));
         m.state_available.set(1);
         // Every code is visible from the start, at zero.
         for code in DenyCode::ALL {
