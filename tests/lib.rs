@@ -57,6 +57,8 @@ pub fn check_config(path: &std::path::Path) -> (Option<i32>, String) {
         .arg(path)
         .env("LOOPGATE_TEST_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+        .env("LOOPGATE_TEST_EMPTY_VAR", "")
+        .env_remove("LOOPGATE_TEST_UNSET_VAR")
         .output()
         .expect("run loopgate check");
     (

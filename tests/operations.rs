@@ -303,3 +303,82 @@ fn the_demos_config_reloads_with_its_own_secrets() {
     );
     assert!(!banner.contains("demo-admin-token") && !banner.contains("my-own-token"));
 }
+
+/// Issue 42: `loopgate check` passed an agent model that no route serves
+/// (refused 404 `no route for model` at run time), printed a bad
+/// `policy:` budget once per agent, followed a missing variable with a
+/// misleading "no server" error, and worded unset variables two ways.
+/// Each mistake is now one line, and only the mistake.
+#[test]
+fn loopgate_check_names_each_mistake_once_and_nothing_else() {
+    let mock = Mock::start();
+    let agent = |name: &str, models: &str| {
+        format!(
+            "  {name}:\n    key_sha256: \"{}\"\n    models: [{models}]\n",
+            sha256_hex(name.as_bytes())
+        )
+    };
+    let check = |yaml: &str| {
+        let path = scratch_dir("check").join("gateway.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let (code, stderr) = check_config(&path);
+        let file = path.display().to_string();
+        let lines: Vec<String> = stderr
+            .lines()
+            .map(|l| l.replacen(&format!("{file}: "), "", 1))
+            .collect();
+        (code, lines)
+    };
+    let head = config_head(&mock, "gpt-4o-mini, \"text-embedding*\"", "").replace("{PORT}", "0");
+
+    // Unrouted models, exact and wildcard; routed ones, and a wildcard
+    // with a routed model under it, pass.
+    let (code, lines) = check(&format!(
+        "{head}agents:\n{}",
+        agent(
+            "a",
+            "gpt-4o-mini, gpt-5, \"claude*\", \"text-embedding-3*\", \"gpt-4o*\""
+        )
+    ));
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        lines,
+        [
+            "agents.a.models[1]: no route serves `gpt-5`: add it to a route's models or remove it (routed: gpt-4o-mini, text-embedding*)",
+            "agents.a.models[2]: no route serves `claude*`: add it to a route's models or remove it (routed: gpt-4o-mini, text-embedding*)",
+        ]
+    );
+
+    // A bad policy budget inherited by two agents, a bad team budget.
+    let (code, lines) = check(&format!(
+        "{head}agents:\n{}{}policy:\n  budgets: {{ daily_usd: -1 }}\nteams:\n  t: {{ daily_usd: -2 }}\n",
+        agent("a", "gpt-4o-mini"),
+        agent("b", "gpt-4o-mini")
+    ));
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        lines,
+        [
+            "teams.t.daily_usd: `-2` is not a budget: US dollars, more than 0 (at least $0.000001) and at most 1e12",
+            "policy.budgets.daily_usd: `-1` is not a budget: US dollars, more than 0 (at least $0.000001) and at most 1e12",
+        ]
+    );
+
+    // An MCP server whose key is unset, granted to an agent; an admin
+    // token that is empty: one line each, worded alike.
+    let (code, lines) = check(&format!(
+        "{head}mcp_servers:\n  files: {{ url: \"{}/mcp\", auth: {{ bearer_env: LOOPGATE_TEST_UNSET_VAR }} }}\n\
+         admin: {{ listen: 127.0.0.1:0, token_env: LOOPGATE_TEST_EMPTY_VAR }}\n\
+         agents:\n{}    mcp_access:\n      files: {{ tools: [read_file] }}\n",
+        mock.url(),
+        agent("a", "gpt-4o-mini"),
+    ));
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        lines,
+        [
+            "admin.token_env: environment variable LOOPGATE_TEST_EMPTY_VAR is empty",
+            "mcp_servers.files.auth.bearer_env: environment variable LOOPGATE_TEST_UNSET_VAR is not set",
+        ]
+    );
+}

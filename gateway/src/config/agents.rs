@@ -4,7 +4,7 @@
 //! phrases, dry run, required headers), and its tool and MCP grants
 //! (validated in `tools` and `mcp`).
 
-use super::mcp::{build_mcp_grants, McpAccess, McpServer};
+use super::mcp::{build_mcp_grants, McpAccess};
 use super::runtime::{check_body_limit, check_positive, list, patterns, Errs};
 use super::spec;
 use super::tools::{build_tool_grants, ToolGrant};
@@ -78,7 +78,7 @@ pub(super) fn build_agents(
     specs: &BTreeMap<String, spec::AgentSpec>,
     defaults: &Defaults<'_>,
     tool_names: &HashSet<String>,
-    mcp_servers: &HashMap<String, Arc<McpServer>>,
+    mcp_servers: &HashSet<String>,
     teams: &HashMap<String, Arc<Team>>,
 ) -> Agents {
     let mut out = Agents::default();
@@ -248,7 +248,8 @@ pub(super) fn build_teams(
         }
         let daily = usd(errs, &format!("{at}.daily_usd"), t.daily_usd);
         let monthly = usd(errs, &format!("{at}.monthly_usd"), t.monthly_usd);
-        if daily.is_none() && monthly.is_none() {
+        // A budget written but wrong has its own error above.
+        if t.daily_usd.is_none() && t.monthly_usd.is_none() {
             errs.push(&at, "a team needs daily_usd or monthly_usd (or both)");
         }
         out.insert(name.clone(), Arc::new(Team::new(name, daily, monthly)));

@@ -106,16 +106,8 @@ pub(super) fn build_admin(
     let listen = spec.and_then(|a| parse_addr(errs, "admin.listen", &a.listen));
     let token = spec
         .and_then(|a| a.token_env.as_ref())
-        .and_then(|var| match env(var) {
-            Some(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_string())),
-            _ => {
-                errs.push(
-                    "admin.token_env",
-                    format!("environment variable {var} is not set or empty"),
-                );
-                None
-            }
-        });
+        .and_then(|var| errs.env_value("admin.token_env", var, env))
+        .map(Secret::new);
     let open = match spec.and_then(|a| a.open.clone()) {
         None => vec!["health".into(), "ready".into(), "metrics".into()],
         Some(list) => {

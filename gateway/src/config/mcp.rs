@@ -96,12 +96,14 @@ pub(super) fn build_mcp_grants(
     errs: &mut Errs,
     at: &str,
     specs: &BTreeMap<String, spec::McpAccessSpec>,
-    servers: &HashMap<String, Arc<McpServer>>,
+    servers: &HashSet<String>,
 ) -> HashMap<String, Arc<McpAccess>> {
     let mut grants = HashMap::new();
     for (server, g) in specs {
         let gat = format!("{at}.mcp_access.{server}");
-        if !servers.contains_key(server) {
+        // Judged by the file's names: a server that failed to build has
+        // its own error, and a grant on it is not a second one.
+        if !servers.contains(server) {
             errs.push(
                 gat.clone(),
                 format!("no server `{server}` under `mcp_servers:`"),

@@ -213,23 +213,7 @@ pub(super) fn build_provider(
             errs.push(key_at.clone(), "must name an environment variable");
             None
         }
-        Some(var) => match env(var) {
-            Some(v) if !v.trim().is_empty() => Some(Secret::new(v.trim().to_string())),
-            Some(_) => {
-                errs.push(
-                    key_at.clone(),
-                    format!("environment variable {var} is empty"),
-                );
-                None
-            }
-            None => {
-                errs.push(
-                    key_at.clone(),
-                    format!("environment variable {var} is not set"),
-                );
-                None
-            }
-        },
+        Some(var) => errs.env_value(&key_at, var, env).map(Secret::new),
         None if p.kind != ProviderKind::OpenaiCompatible => {
             errs.push(
                 key_at.clone(),
@@ -482,25 +466,15 @@ pub(super) fn build_upstream(
     };
     let mut provider = build_provider(errs, section, fields, name, &as_provider, env)?;
     if let Some((header, var)) = custom {
-        let name_ok = http::HeaderName::from_bytes(header.as_bytes());
-        let value = env(&var).filter(|v| !v.trim().is_empty());
-        match (name_ok, value) {
-            (Ok(h), Some(v)) => provider.custom_auth = Some((h, Secret::new(v.trim().to_string()))),
-            (Err(_), _) => {
-                errs.push(
-                    format!("{at}.auth.header"),
-                    format!("`{header}` is not a header name"),
-                );
-                return None;
-            }
-            (_, None) => {
-                errs.push(
-                    format!("{at}.auth.value_env"),
-                    format!("environment variable {var} is not set or empty"),
-                );
-                return None;
-            }
-        }
+        let Ok(h) = http::HeaderName::from_bytes(header.as_bytes()) else {
+            errs.push(
+                format!("{at}.auth.header"),
+                format!("`{header}` is not a header name"),
+            );
+            return None;
+        };
+        let v = errs.env_value(&format!("{at}.auth.value_env"), &var, env)?;
+        provider.custom_auth = Some((h, Secret::new(v)));
     }
     Some(Arc::new(provider))
 }

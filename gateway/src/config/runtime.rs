@@ -222,12 +222,40 @@ pub(super) struct Errs<'a> {
 }
 
 impl Errs<'_> {
+    /// Records an error once: a shared section (`policy:` defaults) is
+    /// validated for each agent that inherits it, and one mistake is one
+    /// line.
     pub(super) fn push(&mut self, path: impl Into<String>, why: impl Into<String>) {
-        self.list.push(ConfigError {
+        let e = ConfigError {
             file: self.file.to_string(),
             path: path.into(),
             why: why.into(),
-        });
+        };
+        if !self.list.contains(&e) {
+            self.list.push(e);
+        }
+    }
+
+    /// The value of the environment variable `var` that `field` names,
+    /// trimmed; an error at `field` (one wording everywhere) when it is
+    /// unset or blank.
+    pub(super) fn env_value(
+        &mut self,
+        field: &str,
+        var: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Option<String> {
+        match env(var) {
+            Some(v) if !v.trim().is_empty() => Some(v.trim().to_string()),
+            Some(_) => {
+                self.push(field, format!("environment variable {var} is empty"));
+                None
+            }
+            None => {
+                self.push(field, format!("environment variable {var} is not set"));
+                None
+            }
+        }
     }
 }
 
@@ -304,6 +332,7 @@ pub fn build(
     }
 
     let spec_tool_names: HashSet<String> = spec.tools.keys().cloned().collect();
+    let spec_mcp_names: HashSet<String> = spec.mcp_servers.keys().cloned().collect();
     let tools = build_tools(&mut errs, spec.tools, env);
     let mcp_servers = build_mcp_servers(&mut errs, spec.mcp_servers, &spec_tool_names, env);
 
@@ -316,6 +345,9 @@ pub fn build(
         &models,
     );
 
+    // Routes are complete only when their providers and they themselves
+    // built: only then is a model without one an error of the agent's.
+    let routes_whole = errs.list.is_empty();
     let defaults = policy_defaults(&mut errs, &spec.policy, max_body_bytes);
     let teams = super::agents::build_teams(&mut errs, &spec.teams);
     let Agents {
@@ -330,10 +362,13 @@ pub fn build(
         &spec.agents,
         &defaults,
         &spec_tool_names,
-        &mcp_servers,
+        &spec_mcp_names,
         &teams,
     );
 
+    if routes_whole {
+        check_agent_routes(&mut errs, &agents, &routes);
+    }
     let on_unknown_price = spec.on_unknown_price.unwrap_or_default();
     if on_unknown_price == super::spec::UnknownPrice::Deny {
         check_money_prices(&mut errs, &spec.agents, &agents, &routes);
@@ -409,6 +444,27 @@ fn check_money_prices(
                         ),
                     );
                 }
+            }
+        }
+    }
+}
+
+/// Every model an agent may call has a route: one without passed
+/// `loopgate check` and was refused 404 `no route for model` when called.
+/// A wildcard needs at least one routed model under it.
+fn check_agent_routes(errs: &mut Errs, agents: &[Arc<AgentRules>], routes: &Routes) {
+    for rules in agents {
+        for (i, allowed) in rules.models.patterns().iter().enumerate() {
+            if routes.reachable(allowed).is_empty() {
+                errs.push(
+                    format!("agents.{}.models[{i}]", rules.name),
+                    format!(
+                        "no route serves `{}`: add it to a route's models or remove it \
+                         (routed: {})",
+                        allowed.as_config(),
+                        list(routes.names())
+                    ),
+                );
             }
         }
     }
@@ -561,7 +617,7 @@ agents:
             ),
             (
                 "{ backend: redis, url_env: UNSET }",
-                "t.yaml: state.url_env: environment variable UNSET is not set or empty",
+                "t.yaml: state.url_env: environment variable UNSET is not set",
             ),
             (
                 "{ backend: memory, url: \"redis://h\" }",

@@ -100,16 +100,7 @@ pub(super) fn build_state(
     }
     let url = match (&s.url, &s.url_env) {
         (Some(u), None) => Some(u.clone()),
-        (None, Some(var)) => match env(var) {
-            Some(v) if !v.trim().is_empty() => Some(v.trim().to_string()),
-            _ => {
-                errs.push(
-                    "state.url_env",
-                    format!("environment variable {var} is not set or empty"),
-                );
-                None
-            }
-        },
+        (None, Some(var)) => errs.env_value("state.url_env", var, env),
         (Some(_), Some(_)) => {
             errs.push("state.url", "give url or url_env, not both");
             None
