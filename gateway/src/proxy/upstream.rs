@@ -338,10 +338,11 @@ impl Gateway {
         }
         ctx.ttfb = ttfb;
         ctx.breaker_key = Some(key);
-        if ctx.features.mcp_stream.is_some() && status < 300 {
+        if ctx.features.mcp_stream.is_some() && status < 300 && respond::is_event_stream(resp) {
             // The server answered its stream: that is what its breaker
             // learns. The stream's later silence, its idle end or the
-            // agent leaving say nothing about the server's health.
+            // agent leaving say nothing about the server's health. (A 2xx
+            // that is no event stream is judged like any answer.)
             self.succeed_attempt(ctx);
         }
         Ok(())
@@ -434,7 +435,9 @@ impl Gateway {
                 }
                 false
             }
-            ErrorType::ReadTimedout if started && ctx.features.mcp_stream.is_some() => {
+            ErrorType::ReadTimedout
+                if started && ctx.streaming && ctx.features.mcp_stream.is_some() =>
+            {
                 // The server's own stream was silent for its idle limit:
                 // ended cleanly, a failure of nothing (`mcp_stream`).
                 if let Some(s) = ctx.features.mcp_stream.as_mut() {
