@@ -615,3 +615,57 @@ fn a_server_stream_whose_client_left_is_closed_upstream_at_once() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// The official SDK client's long session through the gateway: the server
+/// stream it opens after `initialize` stays silent for 4 s, eight of the
+/// server's 500 ms idle limits (and read timeouts); its breaker, which
+/// opens after two failures, stays closed and the calls after the wait
+/// reach the FastMCP server (issue 41 item 13).
+#[test]
+fn the_official_sdk_keeps_a_long_idle_session() {
+    let dir = scratch_dir("mcp-sdk-long");
+    let log = dir.join("calls.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let (_server, port) = serve_on_a_free_port("the MCP SDK server", |port| {
+        std::process::Command::new("python3")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py"))
+            .args([port.to_string(), "sse".to_string()])
+            .env("MCP_TEST_LOG", &log)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 with the mcp SDK (pip install mcp)")
+    });
+    let server = format!(
+        "  sdk:\n    url: \"http://127.0.0.1:{port}/mcp\"\n    timeouts: {{ read_ms: 500 }}\n    stream_idle_ms: 500\n    breaker: {{ consecutive_failures: 2, open_ms: 60000 }}\n"
+    );
+    let yaml = config(&Mock::start(), &server).replace(
+        "      files: { tools: [read_file, \"search*\", write_note], write_calls_per_minute: 2 }",
+        "      files: { tools: [read_file, \"search*\", write_note], write_calls_per_minute: 2 }\n      sdk: { tools: [read_file] }",
+    );
+    let gw = Gateway::start(&yaml);
+    let out = std::process::Command::new("python3")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/long_session.py"))
+        .args([&gw.url("/mcp/sdk"), AGENT_KEY, "4"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["calls"],
+        json!([
+            "contents of /after-idle-0",
+            "contents of /after-idle-1",
+            "contents of /after-idle-2"
+        ]),
+        "{v}"
+    );
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(calls.lines().count(), 3, "{calls}");
+    let state = gw.metric_or_absent(r#"loopgate_breaker_state{key="sdk"}"#);
+    assert_eq!(state.unwrap_or(0.0), 0.0);
+}
