@@ -249,6 +249,18 @@ impl Mock {
     pub fn last_request(&self) -> Value {
         self.requests().pop().expect("the mock received a request")
     }
+
+    /// The mock MCP server's own streams (`GET /mcp`): how many are open
+    /// now (until the mock sees the client close), and how many were
+    /// opened in all.
+    pub fn mcp_streams(&self) -> (u64, u64) {
+        let v = self.control("/_mock/stats");
+        let n = |k: &str| {
+            v[k].as_u64()
+                .unwrap_or_else(|| panic!("the mock's /_mock/stats has no `{k}`: {v}"))
+        };
+        (n("mcp_streams_open"), n("mcp_streams_opened"))
+    }
 }
 
 /// Header value of a recorded mock request (first match, case-insensitive).

@@ -434,3 +434,238 @@ fn dry_run_lets_the_call_through_and_records_the_would_deny() {
     );
     assert_eq!(names(&r.json()["result"]).len(), 4);
 }
+
+/// MCP servers whose own streams (`GET /mcp/{server}`) idle out after
+/// 400 ms (`quiet`: as its read timeout, which the stream's limit
+/// replaces), or only after a minute (`patient`), each with a breaker that
+/// opens after two failures (issue 41 item 13).
+fn stream_config(mock: &Mock) -> String {
+    format!(
+        r#"
+{head}
+mcp_servers:
+  quiet:
+    url: "{mock}/mcp"
+    timeouts: {{ read_ms: 400 }}
+    stream_idle_ms: 400
+    breaker: {{ consecutive_failures: 2, open_ms: 60000 }}
+  patient:
+    url: "{mock}/mcp"
+    stream_idle_ms: 60000
+    breaker: {{ consecutive_failures: 1, open_ms: 60000 }}
+agents:
+  tester:
+    key_sha256: "{agent}"
+    models: [gpt-4o-mini]
+    mcp_access:
+      quiet: {{ tools: [read_file] }}
+      patient: {{ tools: [read_file] }}
+"#,
+        head = config_head(mock, "gpt-4o-mini", ""),
+        mock = mock.url(),
+        agent = sha256_hex(AGENT_KEY.as_bytes()),
+    )
+}
+
+/// Opens a session on `server`: its `mcp-session-id` header line.
+fn session_on(gw: &Gateway, server: &str) -> String {
+    let init = msg(
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let r = post_mcp(gw, AGENT_KEY, server, &[], init.to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    format!(
+        "mcp-session-id: {}",
+        r.header("mcp-session-id").expect("a session id")
+    )
+}
+
+/// The server's own stream, as an SDK client opens it, read to its end.
+fn server_stream(gw: &Gateway, server: &str, sid: &str, extra: &[&str]) -> Resp {
+    let url = gw.url(&format!("/mcp/{server}"));
+    let auth = auth(AGENT_KEY);
+    let mut args = vec![
+        url.as_str(),
+        "-H",
+        &auth,
+        "-H",
+        "accept: text/event-stream",
+        "-H",
+        sid,
+    ];
+    args.extend_from_slice(extra);
+    curl(&args)
+}
+
+#[test]
+fn idle_server_streams_end_cleanly_and_never_open_the_breaker() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&stream_config(&mock));
+    let sid = session_on(&gw, "quiet");
+    // Six silent streams in a row, each past the idle limit (and past
+    // the server's read timeout): three times what opens its breaker.
+    for i in 0..6 {
+        let r = server_stream(&gw, "quiet", &sid, &[]);
+        assert_eq!(r.status, 200, "stream {i}: {}", r.text());
+        assert_eq!(
+            r.header("content-type"),
+            Some("text/event-stream"),
+            "stream {i}"
+        );
+        // Ended cleanly, as the server would end it: no error event.
+        assert_eq!(r.text(), "", "stream {i} ended with an error event");
+    }
+    // The gateway let every upstream stream go.
+    assert!(
+        eventually(10, || mock.mcp_streams() == (0, 6)),
+        "{:?}",
+        mock.mcp_streams()
+    );
+    // Closed: the gauge is set at a breaker's first change of state.
+    let state = gw.metric_or_absent(r#"loopgate_breaker_state{key="quiet"}"#);
+    assert_eq!(state.unwrap_or(0.0), 0.0);
+    // The server still takes calls from every agent.
+    let r = post_mcp(
+        &gw,
+        AGENT_KEY,
+        "quiet",
+        &["-H", &sid],
+        tool_call(2, json!({"name": "read_file", "arguments": {"path": "/a"}})).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"]["isError"], false, "{}", r.text());
+    // Logged as what they were: allowed exchanges, not upstream timeouts.
+    assert_eq!(
+        gw.metric_or_absent(r#"loopgate_denials_total{code="upstream_timeout"}"#),
+        None
+    );
+}
+
+#[test]
+fn a_server_stream_stays_open_while_the_server_speaks() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&stream_config(&mock));
+    let sid = session_on(&gw, "quiet");
+    // A comment every 100 ms: the 400 ms idle limit never passes. The
+    // agent's client ends the stream after 3 s.
+    let r = server_stream(
+        &gw,
+        "quiet",
+        &sid,
+        &["-H", "x-mock-mcp-ping-ms: 100", "-m", "3"],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let pings = r.text().matches(": ping\n\n").count();
+    // More pings than fit in one idle period: the stream outlived it.
+    assert!(pings >= 8, "{pings} pings: {:?}", r.text());
+    assert!(!r.text().contains("error"), "{}", r.text());
+    assert!(
+        eventually(10, || mock.mcp_streams() == (0, 1)),
+        "{:?}",
+        mock.mcp_streams()
+    );
+    // Closed: the gauge is set at a breaker's first change of state.
+    let state = gw.metric_or_absent(r#"loopgate_breaker_state{key="quiet"}"#);
+    assert_eq!(state.unwrap_or(0.0), 0.0);
+}
+
+#[test]
+fn a_server_stream_whose_client_left_is_closed_upstream_at_once() {
+    use std::io::{Read, Write};
+    let mock = Mock::start();
+    let gw = Gateway::start(&stream_config(&mock));
+    let sid = session_on(&gw, "patient");
+    for i in 0..2 {
+        let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+        write!(
+            s,
+            "GET /mcp/patient HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {AGENT_KEY}\r\n\
+             Accept: text/event-stream\r\n{sid}\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200", "stream {i}");
+        assert!(
+            eventually(10, || mock.mcp_streams() == (1, i + 1)),
+            "{:?}",
+            mock.mcp_streams()
+        );
+        // The agent leaves a minute before the stream's idle limit: the
+        // gateway drops the upstream stream now, not then.
+        drop(s);
+        assert!(
+            eventually(10, || mock.mcp_streams() == (0, i + 1)),
+            "{:?}",
+            mock.mcp_streams()
+        );
+    }
+    // Neither end counted: one failure would have opened this breaker.
+    // Closed: the gauge is set at a breaker's first change of state.
+    let state = gw.metric_or_absent(r#"loopgate_breaker_state{key="patient"}"#);
+    assert_eq!(state.unwrap_or(0.0), 0.0);
+    let r = post_mcp(
+        &gw,
+        AGENT_KEY,
+        "patient",
+        &["-H", &sid],
+        msg(3, "ping", json!({})).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// The official SDK client's long session through the gateway: the server
+/// stream it opens after `initialize` stays silent for 4 s, eight of the
+/// server's 500 ms idle limits (and read timeouts); its breaker, which
+/// opens after two failures, stays closed and the calls after the wait
+/// reach the FastMCP server (issue 41 item 13).
+#[test]
+fn the_official_sdk_keeps_a_long_idle_session() {
+    let dir = scratch_dir("mcp-sdk-long");
+    let log = dir.join("calls.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let (_server, port) = serve_on_a_free_port("the MCP SDK server", |port| {
+        std::process::Command::new("python3")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py"))
+            .args([port.to_string(), "sse".to_string()])
+            .env("MCP_TEST_LOG", &log)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 with the mcp SDK (pip install mcp)")
+    });
+    let server = format!(
+        "  sdk:\n    url: \"http://127.0.0.1:{port}/mcp\"\n    timeouts: {{ read_ms: 500 }}\n    stream_idle_ms: 500\n    breaker: {{ consecutive_failures: 2, open_ms: 60000 }}\n"
+    );
+    let yaml = config(&Mock::start(), &server).replace(
+        "      files: { tools: [read_file, \"search*\", write_note], write_calls_per_minute: 2 }",
+        "      files: { tools: [read_file, \"search*\", write_note], write_calls_per_minute: 2 }\n      sdk: { tools: [read_file] }",
+    );
+    let gw = Gateway::start(&yaml);
+    let out = std::process::Command::new("python3")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/long_session.py"))
+        .args([&gw.url("/mcp/sdk"), AGENT_KEY, "4"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["calls"],
+        json!([
+            "contents of /after-idle-0",
+            "contents of /after-idle-1",
+            "contents of /after-idle-2"
+        ]),
+        "{v}"
+    );
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(calls.lines().count(), 3, "{calls}");
+    let state = gw.metric_or_absent(r#"loopgate_breaker_state{key="sdk"}"#);
+    assert_eq!(state.unwrap_or(0.0), 0.0);
+}

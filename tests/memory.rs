@@ -248,3 +248,105 @@ fn a_translated_answer_is_charged_as_it_is_gathered() {
     assert_eq!(again.status, 200, "{}", again.text());
     assert_eq!(again.json()["type"], "message");
 }
+
+/// The gateway's resident memory (`VmRSS`) or its peak (`VmHWM`), KiB.
+fn vm_kib(gw: &Gateway, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", gw.pid())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/<pid>/status"))
+}
+
+const BULK_KEY: &str = "memory-bulk-agent-key-07";
+
+/// Issue 41 item 14: forty connections of one agent (`max_in_flight: 2`,
+/// `max_body_bytes: 8 MiB`: a share of 16 MiB and the read buffers of
+/// two bodies), each sending all but the last byte of an 8 MiB body as
+/// fast as the gateway takes it. The bodies past the share are refused
+/// before anything of them is read, so the gateway's peak memory grows
+/// by the share plus a small constant per connection; other agents are
+/// served meanwhile. It grew by 52-68 MiB (up to 4x the share) when
+/// bodies were charged as they were read.
+#[test]
+fn one_agents_slow_bodies_hold_no_more_than_its_share() {
+    use std::io::Write;
+    let mock = Mock::start();
+    let yaml = format!(
+        r#"{}
+  bulk:
+    key_sha256: "{}"
+    models: [gpt-4o-mini]
+    max_in_flight: 2
+    max_body_bytes: {}
+"#,
+        config(&mock, 512 * MIB),
+        sha256_hex(BULK_KEY.as_bytes()),
+        8 * MIB
+    );
+    let gw = Gateway::start(&yaml);
+    // Warm: the first calls' lazily built state is not the bodies'.
+    for key in [AGENT_KEY, BULK_KEY] {
+        let r = post_json(&gw, key, "/v1/chat/completions", &[], chat(1000));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let base = vm_kib(&gw, "VmRSS");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {BULK_KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        8 * MIB
+    );
+    let senders: Vec<_> = (0..40)
+        .map(|_| {
+            let head = head.clone();
+            let addr = gw.addr;
+            std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                let piece = vec![b' '; 64 * 1024];
+                let mut left = 8 * MIB - 1;
+                let mut sent = s.write_all(head.as_bytes());
+                while sent.is_ok() && left > 0 {
+                    let n = left.min(piece.len());
+                    sent = s.write_all(&piece[..n]);
+                    left -= n;
+                }
+                // Kept open (the refused ones the gateway closed).
+                s
+            })
+        })
+        .collect();
+    let held: Vec<_> = senders.into_iter().map(|t| t.join().unwrap()).collect();
+    // Two bodies are taken (all but their last byte in memory); the
+    // rest are refused.
+    let refused = || gw.metric_or_absent(r#"loopgate_denials_total{code="too_many_in_flight"}"#);
+    assert!(
+        eventually(20, || refused() >= Some(38.0)),
+        "{:?}",
+        refused()
+    );
+    assert!(
+        eventually(20, || vm_kib(&gw, "VmRSS") >= base + 15 * 1024),
+        "the bodies taken are not in memory: {} KiB over {base}",
+        vm_kib(&gw, "VmRSS").saturating_sub(base)
+    );
+    let grew = vm_kib(&gw, "VmHWM").saturating_sub(base);
+    // The share (two 8 MiB bodies and their read buffers), 256 KiB for
+    // each of the forty connections, 2 MiB for the rest of the process.
+    let bound = (2 * (8 * MIB + 128 * 1024) + 40 * 256 * 1024 + 2 * MIB) / 1024;
+    assert!(
+        grew <= bound as u64,
+        "the gateway grew by {grew} KiB holding one agent's bodies (bound {bound} KiB)"
+    );
+    // Exactly the bodies past the share were refused, 429
+    // too_many_in_flight: none taken could crowd out another.
+    assert_eq!(refused(), Some(38.0));
+    // Other agents are served meanwhile.
+    let r = post_json(&gw, AGENT_KEY, "/v1/chat/completions", &[], chat(1000));
+    assert_eq!(r.status, 200, "{}", r.text());
+    drop(held);
+    // The share comes back once the connections close.
+    assert!(eventually(10, || {
+        post_json(&gw, BULK_KEY, "/v1/chat/completions", &[], chat(1000)).status == 200
+    }));
+}

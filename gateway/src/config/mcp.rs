@@ -8,6 +8,7 @@ use super::spec;
 use loopgate_policy::PatternList;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// An MCP server: an upstream connection (credential, timeouts, breaker)
 /// behind a one-target route, its fail mode, and what the MCP rules need.
@@ -24,7 +25,14 @@ pub struct McpServer {
     pub path: String,
     pub writes: PatternList,
     pub noise_fields: Vec<String>,
+    /// `stream_idle_ms`: how long the server's own stream (GET) may be
+    /// silent; see `proxy::features::mcp_stream`.
+    pub stream_idle: Duration,
 }
+
+/// `stream_idle_ms` when the config does not say: an idle stream is the
+/// normal state of one that waits for the server to have something to say.
+pub const STREAM_IDLE_DEFAULT_MS: u64 = 300_000;
 
 /// What one agent may use on one MCP server.
 #[derive(Debug)]
@@ -66,6 +74,13 @@ pub(super) fn build_mcp_servers(
             .unwrap_or(&m.url)
             .to_string();
         let writes = patterns(errs, &format!("{at}.writes"), &m.writes);
+        let idle_ms = m.stream_idle_ms.unwrap_or(STREAM_IDLE_DEFAULT_MS);
+        if idle_ms == 0 || idle_ms > 24 * 3600 * 1000 {
+            errs.push(
+                format!("{at}.stream_idle_ms"),
+                "must be between 1 and 86400000 milliseconds",
+            );
+        }
         let upstream = UpstreamSpec {
             url: base_url,
             auth: m.auth,
@@ -84,6 +99,7 @@ pub(super) fn build_mcp_servers(
                     path,
                     writes,
                     noise_fields: m.noise_fields,
+                    stream_idle: Duration::from_millis(idle_ms),
                 }),
             );
         }

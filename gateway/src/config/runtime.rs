@@ -822,6 +822,7 @@ mcp_servers:
     url: \"ftp://mcp.example/mcp\"
     auth: {{ bearer_env: UNSET }}
     timeouts: {{ connect_ms: 0 }}
+    stream_idle_ms: 0
     breaker: {{ failure_rate: 2.0 }}
   docs:
     url: \"http://mcp.example/mcp\"
@@ -838,6 +839,7 @@ mcp_servers:
             "t.yaml: mcp_servers.files.url: must start with http:// or https://",
             "t.yaml: mcp_servers.files.auth.bearer_env: environment variable UNSET is not set",
             "t.yaml: mcp_servers.files.timeouts.connect_ms: must be between",
+            "t.yaml: mcp_servers.files.stream_idle_ms: must be between 1 and 86400000",
             "t.yaml: mcp_servers.files.breaker.failure_rate: must be a share in (0, 1]",
             "t.yaml: mcp_servers.docs.auth.bearer_env: must name an environment variable",
         ] {
@@ -867,6 +869,8 @@ mcp_servers:
         assert!(m.fail_open);
         assert_eq!(m.route.max_attempts, 1);
         assert_eq!(m.route.targets.len(), 1);
+        // Its own stream may be silent 5 minutes unless the config says.
+        assert_eq!(m.stream_idle, std::time::Duration::from_secs(300));
         let p = &m.route.targets[0].provider;
         assert_eq!(
             (&*p.name, p.port, p.base_path.as_str()),

@@ -444,6 +444,13 @@ pub struct McpServerSpec {
     /// Argument fields left out of a call's fingerprint (ids, timestamps).
     #[serde(default)]
     pub noise_fields: Vec<String>,
+    /// How long the server's own stream (`GET`, server to client) may stay
+    /// silent before the gateway ends it cleanly, milliseconds: any event
+    /// the server sends (a comment or ping included) starts it again. It
+    /// replaces `timeouts.read_ms` for that stream, whose end is never
+    /// counted by the breaker. Default 300000 (5 minutes).
+    #[serde(default)]
+    pub stream_idle_ms: Option<u64>,
 }
 
 /// What an agent may use on one MCP server.

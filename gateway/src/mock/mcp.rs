@@ -2,7 +2,8 @@
 //! for the demo and the end-to-end tests. Tools: `read_file`, `search_docs`
 //! (read) and `delete_file`, `write_note` (write); `tools/call` echoes its
 //! arguments. Answers JSON, or an SSE stream (a progress notification, then
-//! the response) when the request carries `x-mock-mcp-sse: 1`.
+//! the response) when the request carries `x-mock-mcp-sse: 1`. A GET opens
+//! the server's own stream (`serve_mcp_stream` in the mock's `mod.rs`).
 
 use serde_json::{json, Value};
 

@@ -69,6 +69,9 @@ pub struct MockState {
     connections: AtomicU64,
     /// Request heads read, counted before the body is.
     heads: AtomicU64,
+    /// MCP server streams (`GET /mcp`) open now, and opened in all.
+    mcp_streams_open: AtomicU64,
+    mcp_streams_opened: AtomicU64,
     recorded: Mutex<VecDeque<Recorded>>,
 }
 
@@ -79,6 +82,8 @@ impl MockState {
             seq: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             heads: AtomicU64::new(0),
+            mcp_streams_open: AtomicU64::new(0),
+            mcp_streams_opened: AtomicU64::new(0),
             recorded: Mutex::new(VecDeque::with_capacity(RECORD_LIMIT)),
         })
     }
@@ -237,6 +242,8 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
             "connections": state.connections.load(Ordering::Relaxed),
             "heads": state.heads.load(Ordering::Relaxed),
             "requests": state.seq.load(Ordering::Relaxed),
+            "mcp_streams_open": state.mcp_streams_open.load(Ordering::Relaxed),
+            "mcp_streams_opened": state.mcp_streams_opened.load(Ordering::Relaxed),
         });
         return write_json(session, 200, &stats, &[]).await;
     }
@@ -302,6 +309,9 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
         return write_raw(session, raw.as_bytes()).await;
     }
     if path == "/mcp" {
+        if method == "GET" {
+            return serve_mcp_stream(session, state).await;
+        }
         return serve_mcp(session, &method, parsed.as_ref()).await;
     }
     if path.starts_with("/echo") {
@@ -428,6 +438,61 @@ async fn serve_mcp(session: &mut ServerSession, method: &str, body: Option<&Valu
         .write_response_body(Bytes::new(), true)
         .await
         .is_ok()
+}
+
+/// The MCP server's own stream (`GET /mcp`, server to client): an event
+/// stream that stays open, silent (or with a `: ping` comment every
+/// `x-mock-mcp-ping-ms`), until the client closes it. Counted open in
+/// `/_mock/stats` (`mcp_streams_open`) from its header to the moment the
+/// mock sees the close, so tests can tell when a stream was let go.
+async fn serve_mcp_stream(session: &mut ServerSession, state: &MockState) -> bool {
+    let ping = session
+        .req_header()
+        .headers
+        .get("x-mock-mcp-ping-ms")
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis);
+    let mut resp = match ResponseHeader::build(200, Some(3)) {
+        Ok(r) => r,
+        Err(_) => return false,
+    };
+    let _ = resp.insert_header("content-type", "text/event-stream");
+    let _ = resp.insert_header("cache-control", "no-cache");
+    let _ = resp.insert_header("transfer-encoding", "chunked");
+    if session.write_response_header(Box::new(resp)).await.is_err() {
+        return false;
+    }
+    /// Counts the stream open until it is dropped.
+    struct Open<'a>(&'a MockState);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            self.0.mcp_streams_open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    state.mcp_streams_open.fetch_add(1, Ordering::Relaxed);
+    state.mcp_streams_opened.fetch_add(1, Ordering::Relaxed);
+    let _open = Open(state);
+    loop {
+        // The request has no body: this read ends only when the client
+        // closes (or sends what it should not).
+        let closed = match ping {
+            Some(every) => tokio::time::timeout(every, session.read_body_or_idle(true))
+                .await
+                .is_ok(),
+            None => {
+                let _ = session.read_body_or_idle(true).await;
+                true
+            }
+        };
+        if closed {
+            return false;
+        }
+        let comment = Bytes::from_static(b": ping\n\n");
+        if session.write_response_body(comment, false).await.is_err() {
+            return false;
+        }
+    }
 }
 
 /// A session id that differs between calls and processes.

@@ -268,13 +268,18 @@ fn body_room(
     bodies: &Arc<super::buffers::BodyBuffers>,
     total: u64,
 ) -> super::buffers::Room {
-    let share = rules.max_body_bytes.saturating_mul(
-        rules
-            .limits
-            .max_in_flight
-            .unwrap_or(super::buffers::DEFAULT_BODIES_PER_AGENT)
-            .max(1),
-    );
+    // Each body in the share comes with the read buffers its connection
+    // holds while it arrives, which are charged with it.
+    let share = rules
+        .max_body_bytes
+        .saturating_add(super::buffers::READ_BUFFERS)
+        .saturating_mul(
+            rules
+                .limits
+                .max_in_flight
+                .unwrap_or(super::buffers::DEFAULT_BODIES_PER_AGENT)
+                .max(1),
+        );
     bodies.room(rules.name.clone(), share, total)
 }
 
@@ -552,6 +557,16 @@ pub async fn read_body(
         intake.linger = !expects_continue(session);
         return Err(too_large());
     }
+    // Charged before a byte is read (and before a waiting client is told
+    // to send): the read buffers this connection holds while the body
+    // arrives, and a declared body whole, which is what it will hold. A
+    // body past the agent's share is refused as it arrives, nothing of it
+    // read into memory (see `buffers`).
+    let mut charged = declared.unwrap_or(0);
+    if let Err(e) = intake.grow(super::buffers::READ_BUFFERS.saturating_add(charged)) {
+        session.set_keepalive(None);
+        return Err(e);
+    }
     if expects_continue(session) {
         // It sends the body only after we said so, which we do only once
         // the cheap checks passed.
@@ -580,24 +595,48 @@ pub async fn read_body(
             intake.linger = true;
             return Err(too_large());
         }
-        // Counted before it is kept; refused, the rest stays unread (the
-        // connection closes: nothing lingers to read it off).
-        if let Err(e) = intake.grow(chunk.len() as u64) {
-            session.set_keepalive(None);
-            return Err(e);
+        // What keeping the body so far takes: the first chunk as it is,
+        // then the gathering buffer's capacity (a declared body's length,
+        // charged above; a chunked one's grows by doubling, up to the
+        // limit). Counted before it is allocated; refused, the rest stays
+        // unread (the connection closes: nothing lingers to read it off).
+        let grows = gathered
+            .as_ref()
+            .filter(|buf| buf.capacity() - buf.len() < chunk.len());
+        let keep = match (&gathered, grows) {
+            (_, Some(buf)) => total
+                .max((buf.capacity() as u64).saturating_mul(2))
+                .min(limit),
+            (Some(buf), None) => buf.capacity() as u64,
+            (None, _) if first.is_empty() => total,
+            (None, _) => declared.unwrap_or(0).clamp(total, limit),
+        };
+        if keep > charged {
+            if let Err(e) = intake.grow(keep - charged) {
+                session.set_keepalive(None);
+                return Err(e);
+            }
+            charged = keep;
         }
         match gathered.as_mut() {
-            Some(buf) => buf.extend_from_slice(&chunk),
+            Some(buf) => {
+                if buf.capacity() - buf.len() < chunk.len() {
+                    buf.reserve((keep as usize).saturating_sub(buf.len()));
+                }
+                buf.extend_from_slice(&chunk);
+            }
             None if first.is_empty() => first = chunk,
             None => {
-                let cap = declared.unwrap_or(0).clamp(total, limit) as usize;
-                let mut buf = BytesMut::with_capacity(cap);
+                let mut buf = BytesMut::with_capacity(keep as usize);
                 buf.extend_from_slice(&first);
                 buf.extend_from_slice(&chunk);
                 gathered = Some(buf);
             }
         }
     }
+    // The body is whole: its connection's read buffers are idle again. The
+    // hold keeps counting the body itself (what was charged for it).
+    intake.shrink(super::buffers::READ_BUFFERS);
     Ok(gathered.map_or(first, BytesMut::freeze))
 }
 

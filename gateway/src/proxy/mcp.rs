@@ -46,6 +46,9 @@ pub struct McpCall {
     pub access: Arc<McpAccess>,
     /// `initialize`: bind the session id the server answers with.
     pub binds_session: bool,
+    /// A GET: the server's own stream, silent up to this long
+    /// (`features::mcp_stream`).
+    pub stream_idle: Option<Duration>,
 }
 
 /// One MCP request as the access log and metrics see it: never the
@@ -150,6 +153,7 @@ pub async fn judge(
         lists: Vec::new(),
         access: access.clone(),
         binds_session: false,
+        stream_idle: (method == http::Method::GET).then_some(server.stream_idle),
     };
     let (mut extra, mut loop_call) = (Vec::new(), None);
     if let Some(read) = judgement {

@@ -132,6 +132,15 @@ impl ProxyHttp for Gateway {
         format!("{} {path} (request {})", req.method, ctx.request_id)
     }
 
+    /// An MCP stream ended by its idle limit is no failure: Pingora's
+    /// error line would say it was.
+    fn suppress_error_log(&self, _session: &Session, ctx: &Box<RequestCtx>, _e: &Error) -> bool {
+        ctx.features
+            .mcp_stream
+            .as_ref()
+            .is_some_and(|s| s.idle_ended())
+    }
+
     fn allow_spawning_subrequest(&self, session: &Session, _ctx: &Box<RequestCtx>) -> bool {
         // Only a main request forwards a large body; subrequests never nest.
         session.subrequest_ctx.is_none()
@@ -300,6 +309,23 @@ impl ProxyHttp for Gateway {
         // through its main request, which keeps the connection.
         if session.subrequest_ctx.is_none() {
             session.set_keepalive(None);
+        }
+        if ctx
+            .features
+            .mcp_stream
+            .as_ref()
+            .is_some_and(|s| s.idle_ended())
+        {
+            // An MCP server's stream that went quiet ends as if the server
+            // had ended it (the last chunk): not an error, and the SDK
+            // client opens another.
+            if let Err(err) = session.write_response_body(None, true).await {
+                log::debug!("request {}: cannot end the stream: {err}", ctx.request_id);
+            }
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
         }
         let error_code = respond::write_failure(session, ctx, e, &self.metrics).await;
         FailToProxy {

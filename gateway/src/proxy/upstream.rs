@@ -90,7 +90,12 @@ impl Gateway {
             ));
         };
         ctx.attempt_body = attempt_body(ctx, &adm, target)?;
-        let peer = peer_for(&p, *addr);
+        let mut peer = peer_for(&p, *addr);
+        if let Some(s) = &ctx.features.mcp_stream {
+            // The server's own stream waits for it to speak: silence is
+            // bounded by its idle limit, not by the read timeout.
+            peer.options.read_timeout = Some(s.idle);
+        }
         ctx.attempt = Some(attempt);
         // Named again once this attempt's request is sent.
         ctx.sent_to = None;
@@ -333,6 +338,13 @@ impl Gateway {
         }
         ctx.ttfb = ttfb;
         ctx.breaker_key = Some(key);
+        if ctx.features.mcp_stream.is_some() && status < 300 && respond::is_event_stream(resp) {
+            // The server answered its stream: that is what its breaker
+            // learns. The stream's later silence, its idle end or the
+            // agent leaving say nothing about the server's health. (A 2xx
+            // that is no event stream is judged like any answer.)
+            self.succeed_attempt(ctx);
+        }
         Ok(())
     }
 
@@ -421,6 +433,17 @@ impl Gateway {
                 } else {
                     ctx.attempt = None;
                 }
+                false
+            }
+            ErrorType::ReadTimedout
+                if started && ctx.streaming && ctx.features.mcp_stream.is_some() =>
+            {
+                // The server's own stream was silent for its idle limit:
+                // ended cleanly, a failure of nothing (`mcp_stream`).
+                if let Some(s) = ctx.features.mcp_stream.as_mut() {
+                    s.idled();
+                }
+                ctx.attempt = None;
                 false
             }
             ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError

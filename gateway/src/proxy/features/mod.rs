@@ -153,6 +153,7 @@ features! {
     idempotency => Recorder,
     mcp_session => SessionBinding,
     mcp_lists => ListFilter,
+    mcp_stream => ServerStream,
     tool_streak => Streak,
     task_latency => TaskLatency,
     spend_fit => SpendFit,
