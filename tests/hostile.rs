@@ -994,3 +994,134 @@ fn calls_over_the_limits_are_refused_before_any_guard_keeps_state() {
     assert_eq!(received(&mock), 2);
     still_serves(&gw);
 }
+
+/// Issue 41 item 9: a model endpoint, a tool or an MCP server answering
+/// with a redirect is a failed upstream (502 `upstream_error`), never a
+/// `Location` the agent's SDK would follow and re-POST the prompt to.
+#[test]
+fn upstream_redirects_are_failures_never_relayed() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let redirect =
+        "x-mock-status: 307\r\nx-mock-response-header: location: http://elsewhere.invalid/v1\r\n";
+    let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}).to_string();
+    for (what, req) in [
+        ("model", post_req("/v1/chat/completions", redirect, CHAT)),
+        ("tool", get_req("/tools/weather/v1/forecast", redirect)),
+        ("mcp", post_req("/mcp/files", redirect, &list)),
+    ] {
+        let r = raw(gw.addr, &req);
+        match what {
+            "mcp" => {
+                r.assert_rpc_error(502, json!(3), "upstream_error");
+            }
+            _ => {
+                r.assert_gateway_error(502, "upstream_error");
+            }
+        }
+        assert_eq!(r.header("location"), None, "{what}: {r:?}");
+        assert!(!r.text().contains("elsewhere"), "{what}: {}", r.text());
+    }
+    // Each reached its upstream once (the redirect was not followed).
+    assert_eq!(received(&mock), 3);
+    // Counted as the tool's failures: its breaker (3 in a row) opens.
+    for _ in 0..2 {
+        raw(gw.addr, &get_req("/tools/weather/v1/forecast", redirect))
+            .assert_gateway_error(502, "upstream_error");
+    }
+    raw(gw.addr, &get_req("/tools/weather/v1/forecast", ""))
+        .assert_gateway_error(503, "circuit_open");
+    assert_eq!(received(&mock), 5);
+    still_serves(&gw);
+}
+
+/// Issue 41 item 10: dots and slashes of other scripts or compatibility
+/// forms (`．．`, `‥`, `／`), raw or percent-encoded, read `..` or `/` to a
+/// server that applies NFKC or a best-fit conversion: refused as
+/// ambiguous, never forwarded past a `file:///public/*` grant.
+#[test]
+fn mcp_resource_uris_with_unicode_dots_and_slashes_are_refused() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    let read = |uri: &str| {
+        json!({"jsonrpc": "2.0", "id": 7, "method": "resources/read", "params": {"uri": uri}})
+            .to_string()
+    };
+    for uri in [
+        "file:///public/\u{FF0E}\u{FF0E}/secret",
+        "file:///public/%EF%BC%8E%EF%BC%8E/secret",
+        "file:///public/\u{2025}/secret",
+        "file:///public/\u{2024}\u{2024}/secret",
+        "file:///public/.\u{FE52}/secret",
+        "file:///public/..\u{FF0F}secret",
+        "file:///public/a%EF%BC%8Fb",
+        "file:///public/..\u{FF3C}secret",
+        "file:///public/..\u{2215}secret",
+        "file:///public/a?x=\u{FF0E}\u{FF0E}\u{FF0F}secret",
+    ] {
+        mcp_post(&gw, &read(uri)).assert_rpc_error(200, json!(7), "invalid_path");
+    }
+    assert_eq!(received(&mock), 0, "nothing reached the MCP server");
+    // Other scripts' text in a name is not a dot or a slash: it goes.
+    let r = mcp_post(&gw, &read("file:///public/\u{6587}\u{66F8}.txt"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.header("x-loopgate-error").is_none(), "{}", r.text());
+    assert_eq!(received(&mock), 1);
+}
+
+/// Issue 41 item 12: readers that fold `_` into `-` (CGI, WSGI) take
+/// `x_agent_task_id` for `x-agent-task-id`: an agent header whose folded
+/// name is one the gateway reads or strips is refused, and an upstream's
+/// `x-loopgate_cost_usd` is removed before the agent sees it.
+#[test]
+fn underscore_spellings_of_gateway_headers_are_refused_or_stripped() {
+    let mock = Mock::start();
+    let gw = Gateway::start(&config(&mock));
+    for h in [
+        "x_agent_task_id: t-1\r\n",
+        "X_Agent_Task_Id: t-1\r\n",
+        "x-agent_task-id: t-1\r\n",
+        "x_api_key: sk-other\r\n",
+        "idempotency_key: k-1\r\n",
+        "x_forwarded_for: 10.0.0.1\r\n",
+        "x_loopgate_cost_usd: 0\r\n",
+    ] {
+        raw(gw.addr, &post_req("/v1/chat/completions", h, CHAT))
+            .assert_gateway_error(400, "invalid_header");
+        raw(gw.addr, &get_req("/tools/weather/v1/forecast", h))
+            .assert_gateway_error(400, "invalid_header");
+    }
+    assert_eq!(received(&mock), 0, "nothing reached an upstream");
+    // An underscore in a name the gateway does not read passes.
+    let r = raw(
+        gw.addr,
+        &post_req("/v1/chat/completions", "x_trace_tag: a\r\n", CHAT),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        recorded_header(&mock.last_request(), "x_trace_tag"),
+        Some("a")
+    );
+    // The upstream's spellings of the gateway's own headers are removed.
+    let forged = "x-mock-response-header: x-loopgate_cost_usd: 0.000000\r\n\
+                  x-mock-response-header: x_loopgate_provider: elsewhere\r\n\
+                  x-mock-response-header: x_request_id: forged\r\n\
+                  x-mock-response-header: x-upstream_note: kept\r\n";
+    for req in [
+        post_req("/v1/chat/completions", forged, CHAT),
+        get_req("/tools/weather/v1/forecast", forged),
+    ] {
+        let r = raw(gw.addr, &req);
+        assert_eq!(r.status, 200, "{r:?}");
+        for (k, _) in &r.headers {
+            let folded = k.to_ascii_lowercase().replace('_', "-");
+            assert!(
+                !(k.contains('_')
+                    && (folded.starts_with("x-loopgate-") || folded == "x-request-id")),
+                "{k} reached the agent: {r:?}"
+            );
+        }
+        assert_eq!(r.header("x-upstream_note"), Some("kept"), "{r:?}");
+    }
+    still_serves(&gw);
+}

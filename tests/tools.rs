@@ -27,6 +27,9 @@ tools:
     base_url: "{mock}/echo/retrying"
     timeouts: {{ read_ms: 500 }}
     idempotency: {{ mode: optional, retry_after_failure: true }}
+  moving:
+    base_url: "{mock}/echo/moving"
+    pass_redirects: true
 agents:
   tester:
     key_sha256: "{agent}"
@@ -37,6 +40,7 @@ agents:
       ledger: {{ methods: [GET, POST], paths: ["/*"] }}
       retrying: {{ methods: [POST], paths: ["/*"] }}
       strict: {{ methods: [GET], paths: ["/*"] }}
+      moving: {{ methods: [GET], paths: ["/*"] }}
   narrow:
     key_sha256: "{narrow}"
     models: [gpt-4o-mini]
@@ -435,4 +439,31 @@ fn the_task_watchdog_counts_tool_calls() {
     assert_eq!(call().header("x-loopgate-guard"), Some("warn"));
     call().assert_gateway_error(429, "task_stopped");
     assert_eq!(mock.requests().len(), 2);
+}
+
+/// Issue 41 item 9: a tool's redirect is its failure (502, no `Location`),
+/// unless the tool is configured to pass them (`pass_redirects: true`).
+#[test]
+fn a_tool_redirect_is_a_failure_unless_the_tool_passes_redirects() {
+    let mock = Mock::start();
+    let gw = start(&mock, "consecutive_failures: 5");
+    let redirect = |path: &str| {
+        curl(&[
+            &gw.url(path),
+            "-H",
+            &auth(AGENT_KEY),
+            "-H",
+            "x-mock-status: 302",
+            "-H",
+            "x-mock-response-header: location: http://elsewhere.invalid/x",
+        ])
+    };
+    let r = redirect("/tools/weather/v1/forecast");
+    r.assert_gateway_error(502, "upstream_error");
+    assert_eq!(r.header("location"), None, "{r:?}");
+    let r = redirect("/tools/moving/a");
+    assert_eq!(r.status, 302, "{r:?}");
+    assert_eq!(r.header("location"), Some("http://elsewhere.invalid/x"));
+    assert_eq!(r.header("x-loopgate-error"), None);
+    assert_eq!(mock.received(), 2, "each went to its tool once");
 }

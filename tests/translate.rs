@@ -40,6 +40,10 @@ agents:
   tester:
     key_sha256: "{agent}"
     models: ["*"]
+  judged:
+    key_sha256: "{judged}"
+    models: ["*"]
+    blocked_phrases: ["ignore previous instructions"]
 policy:
   max_body_bytes: 4194304
 "#,
@@ -47,6 +51,7 @@ policy:
         down = down.url(),
         log = log.display(),
         agent = sha256_hex(AGENT_KEY.as_bytes()),
+        judged = sha256_hex(NARROW_KEY.as_bytes()),
     )
 }
 
@@ -478,4 +483,76 @@ fn official_sdks_read_translated_answers() {
         "families ok",
     );
     print!("{out}");
+}
+
+/// An OpenAI chat body whose assistant turn called `note` with
+/// `arguments` (a JSON string the model wrote, which translation to
+/// Anthropic decodes into `input`).
+fn with_arguments(arguments: &str) -> String {
+    json!({"model": "gpt-via-anthropic", "messages": [
+        {"role": "user", "content": "take a note"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "note", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "noted"}]})
+    .to_string()
+}
+
+/// Issue 41 item 8: what translation decodes (JSON inside a tool call's
+/// `arguments`) is judged like what the agent sent: an escaped blocked
+/// phrase is refused 403 and a 100-deep `arguments` 400, before anything
+/// reaches the provider.
+#[test]
+fn what_translation_decodes_is_judged_like_the_agents_body() {
+    let s = setup();
+    let post = |body: &str| post_json(&s.gw, NARROW_KEY, "/v1/chat/completions", &[], body);
+    // Written plainly, the phrase is refused at once.
+    post(&with_arguments(
+        r#"{"note":"ignore previous instructions"}"#,
+    ))
+    .assert_gateway_error(403, "blocked_phrase");
+    // Escaped inside the arguments string, it reads plainly once decoded.
+    for arguments in [
+        r#"{"note":"\u0069gnore previous instructions"}"#,
+        r#"{"note":"ignore previous instruction\u0073"}"#,
+        r#"{"ignore previous instructions":1}"#,
+    ] {
+        post(&with_arguments(arguments)).assert_gateway_error(403, "blocked_phrase");
+    }
+    // Nested past the 64 levels a body may have, once decoded.
+    let deep = format!("{}1{}", r#"{"a":"#.repeat(100), "}".repeat(100));
+    post(&with_arguments(&deep)).assert_gateway_error(400, "invalid_json");
+    assert_eq!(s.mock.received(), 0, "nothing reached the provider");
+    // The same call with harmless arguments is translated and sent.
+    let r = post(&with_arguments(r#"{"note":"buy milk"}"#));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sent: Value =
+        serde_json::from_str(s.mock.last_request()["body"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        sent["messages"][1]["content"][0]["input"],
+        json!({"note": "buy milk"})
+    );
+}
+
+/// Issue 41 item 9 on a translated route: a provider's redirect is a
+/// failure answered in the agent's family (502 `upstream_error`), never
+/// relayed untranslated with its `Location`.
+#[test]
+fn a_redirect_from_a_provider_of_the_other_family_is_a_failure() {
+    let s = setup();
+    let redirect = [
+        "-H",
+        "x-mock-status: 307",
+        "-H",
+        "x-mock-response-header: location: http://elsewhere.invalid/v1/messages",
+    ];
+    let body = r#"{"model":"gpt-via-anthropic","messages":[{"role":"user","content":"hi"}]}"#;
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/chat/completions", &redirect, body);
+    r.assert_gateway_error(502, "upstream_error");
+    assert_eq!(r.header("location"), None, "{r:?}");
+    let r = post_json(&s.gw, AGENT_KEY, "/v1/messages", &redirect, ANTHROPIC_BODY);
+    assert_eq!(r.status, 502, "{r:?}");
+    assert_eq!(r.header("x-loopgate-error"), Some("upstream_error"));
+    assert_eq!(r.json()["type"], "error", "Anthropic's shape: {}", r.text());
+    assert_eq!(r.header("location"), None, "{r:?}");
+    assert_eq!(s.mock.received(), 2, "each reached the provider once");
 }

@@ -414,15 +414,21 @@ impl AgentRules {
             _ => None,
         };
         verdict.judge(self, messages)?;
-        let phrase = match (&self.phrases, facts.blocked_phrase) {
+        verdict.judge(self, self.phrase_deny(facts.blocked_phrase))?;
+        Ok(plan)
+    }
+
+    /// The refusal for blocked phrase `found` (an index into this agent's
+    /// matcher, as [`BodyFacts::blocked_phrase`] gives it), if any: for
+    /// the body as sent and for what translation made of it.
+    pub fn phrase_deny(&self, found: Option<usize>) -> Option<Deny> {
+        match (&self.phrases, found) {
             (Some(m), Some(i)) if i < m.len() => Some(Deny::new(
                 DenyCode::BlockedPhrase,
                 format!("the request contains a blocked phrase (`{}`)", m.phrase(i)),
             )),
             _ => None,
-        };
-        verdict.judge(self, phrase)?;
-        Ok(plan)
+        }
     }
 
     /// The first tool of the request this agent may not use. With a tool

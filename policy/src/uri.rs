@@ -8,7 +8,10 @@
 //! such a URI to somewhere the grant never named. Rather than guess how a
 //! server normalises, [`ResourceUri::parse`] refuses every ambiguous form
 //! (dot segments, encoded `/` or `\`, backslashes, empty segments, control
-//! bytes, malformed or double escapes, non-UTF-8, a missing scheme) and
+//! bytes, malformed or double escapes, non-UTF-8, a missing scheme, and
+//! characters whose compatibility form is one of those: `．．` (U+FF0E),
+//! `‥` (U+2025), `／` (U+FF0F), `∕` (U+2215), which a server that applies
+//! NFKC or Windows' best-fit conversion reads as `..` or `/`) and
 //! returns the rest in one canonical form: scheme and host lowercased, the
 //! path percent-decoded exactly once and split into segments.
 //!
@@ -106,6 +109,9 @@ impl ResourceUri {
             let head = seg.split(';').next().unwrap_or("");
             if head.contains('.') && head.bytes().all(|b| b == b'.' || b == b' ') {
                 return Err(UriError::new("a `.` or `..` path segment"));
+            }
+            if !seg.is_ascii() {
+                compatibility_segment(seg)?;
             }
         }
         let scheme = scheme.to_ascii_lowercase();
@@ -224,16 +230,73 @@ fn check_tail(tail: &str) -> Result<(), UriError> {
             }
         }
     }
-    let dots = decoded
-        .split(|c| matches!(c, b'/' | b'\\' | b'?' | b'#' | b'&' | b'=' | b';'))
-        .any(|piece| piece.contains(&b'.') && piece.iter().all(|&c| c == b'.' || c == b' '));
-    if dots {
+    let dots = |decoded: &[u8]| {
+        decoded
+            .split(|c| matches!(c, b'/' | b'\\' | b'?' | b'#' | b'&' | b'=' | b';'))
+            .any(|piece| piece.contains(&b'.') && piece.iter().all(|&c| c == b'.' || c == b' '))
+    };
+    // What a server that applies NFKC or a best-fit conversion reads.
+    let compatible =
+        (!decoded.is_ascii()).then(|| compatibility_form(&String::from_utf8_lossy(&decoded)));
+    if dots(&decoded) || compatible.is_some_and(|c| dots(c.as_bytes())) {
         return Err(UriError::new(
             "a `.` or `..` segment in the query or fragment",
         ));
     }
     if (0..decoded.len()).any(|i| decoded[i] == b'%' && escape_at(&decoded, i).is_some()) {
         return Err(UriError::new("a double-encoded percent-escape (%25XX)"));
+    }
+    Ok(())
+}
+
+/// Characters with no compatibility decomposition that Windows' best-fit
+/// conversion (and a reader who sees them) takes for `/` or `\`.
+const BEST_FIT: [(char, char); 8] = [
+    ('\u{2044}', '/'),  // fraction slash
+    ('\u{2215}', '/'),  // division slash
+    ('\u{2571}', '/'),  // box drawings light diagonal
+    ('\u{29F8}', '/'),  // big solidus
+    ('\u{2216}', '\\'), // set minus
+    ('\u{2572}', '\\'), // box drawings light diagonal upper left
+    ('\u{29F5}', '\\'), // reverse solidus operator
+    ('\u{29F9}', '\\'), // big reverse solidus
+];
+
+/// `s` as a server that normalises it reads it: NFKC, then [`BEST_FIT`].
+fn compatibility_form(s: &str) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    s.nfkc()
+        .map(|c| {
+            BEST_FIT
+                .iter()
+                .find(|(from, _)| *from == c)
+                .map_or(c, |(_, to)| *to)
+        })
+        .collect()
+}
+
+/// A decoded path segment with characters outside ASCII: refused when its
+/// [`compatibility_form`] is a dot segment or holds a character that
+/// would change how the path is split or decoded (`/ \ % ? #`), since a
+/// server that normalises would resolve it somewhere the grant never
+/// named.
+fn compatibility_segment(seg: &str) -> Result<(), UriError> {
+    let form = compatibility_form(seg);
+    if form.contains(['/', '\\']) {
+        return Err(UriError::new(
+            "a character that reads as `/` or `\\` once normalised (NFKC or best fit)",
+        ));
+    }
+    if form.contains(['%', '?', '#']) {
+        return Err(UriError::new(
+            "a character that reads as `%`, `?` or `#` once normalised (NFKC)",
+        ));
+    }
+    let head = form.split(';').next().unwrap_or("");
+    if head.contains('.') && head.chars().all(|c| c == '.' || c.is_whitespace()) {
+        return Err(UriError::new(
+            "a path segment that reads as `.` or `..` once normalised (NFKC)",
+        ));
     }
     Ok(())
 }
@@ -419,6 +482,54 @@ mod tests {
         match ResourceUri::parse(uri) {
             Ok(u) => panic!("`{uri}` was accepted as `{u}`"),
             Err(e) => e.reason(),
+        }
+    }
+
+    #[test]
+    fn compatibility_dots_and_slashes_are_refused() {
+        let dots = "a path segment that reads as `.` or `..` once normalised (NFKC)";
+        let slash = "a character that reads as `/` or `\\` once normalised (NFKC or best fit)";
+        for (u, why) in [
+            ("file:///public/\u{FF0E}\u{FF0E}/secret", dots),
+            ("file:///public/%EF%BC%8E%EF%BC%8E/secret", dots),
+            ("file:///public/\u{FF0E}/secret", dots),
+            ("file:///public/\u{2025}/secret", dots),
+            ("file:///public/\u{2024}\u{2024}/secret", dots),
+            ("file:///public/\u{2026}/secret", dots),
+            ("file:///public/.\u{FE52}/secret", dots),
+            ("file:///public/\u{FF0E}\u{FF0E};x/secret", dots),
+            ("file:///public/\u{FF0E}\u{3000}\u{FF0E}/secret", dots),
+            ("file:///public/..\u{FF0F}secret", slash),
+            ("file:///public/a%EF%BC%8Fb", slash),
+            ("file:///public/..\u{FF3C}secret", slash),
+            ("file:///public/..\u{FE68}secret", slash),
+            ("file:///public/..\u{2215}secret", slash),
+            ("file:///public/..\u{2044}secret", slash),
+            ("file:///public/..\u{29F5}secret", slash),
+            (
+                "file:///public/\u{FF05}2e\u{FF05}2e/x",
+                "a character that reads as `%`, `?` or `#` once normalised (NFKC)",
+            ),
+            (
+                "file:///public/a?x=\u{FF0E}\u{FF0E}\u{FF0F}secret",
+                "a `.` or `..` segment in the query or fragment",
+            ),
+            (
+                "file:///public/a#\u{2025}",
+                "a `.` or `..` segment in the query or fragment",
+            ),
+        ] {
+            assert_eq!(refused(u), why, "{u}");
+        }
+        // Other scripts' names, and dots inside a name, are not dot segments.
+        let m = matcher(&["file:///public/*"]);
+        for u in [
+            "file:///public/\u{6587}\u{66F8}.txt",
+            "file:///public/r\u{E9}sum\u{E9}.pdf",
+            "file:///public/\u{FF41}\u{FF0E}txt",
+            "file:///public/\u{2026}more",
+        ] {
+            assert_eq!(m.check(u), Ok(true), "{u}");
         }
     }
 

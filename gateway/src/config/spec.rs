@@ -365,6 +365,11 @@ pub struct ToolSpec {
     /// unusable"). Default false.
     #[serde(default)]
     pub expect_json: Option<bool>,
+    /// Relay the tool's redirects (3xx with a `Location`) to the agent,
+    /// which may follow them unjudged. Default false: a redirect is the
+    /// tool's failure (502 `upstream_error`), as from a model provider.
+    #[serde(default)]
+    pub pass_redirects: Option<bool>,
     /// A task that gets the same failing answer this many times in a row is
     /// cut off from the tool for `isolate_ms`. Default 3.
     #[serde(default)]

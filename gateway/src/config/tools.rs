@@ -17,6 +17,8 @@ pub struct Tool {
     pub route: Arc<Route>,
     pub idempotency: Option<Idempotency>,
     pub expect_json: bool,
+    /// `pass_redirects: true`: a 3xx answer is relayed, not a failure.
+    pub pass_redirects: bool,
     /// Same failing answer this many times in a row isolates the tool for the task.
     pub isolate_after: u32,
     pub isolate_for: Duration,
@@ -53,6 +55,7 @@ fn build_tool(
         retry_after_failure: i.retry_after_failure.unwrap_or(false),
     });
     let expect_json = t.expect_json.unwrap_or(false);
+    let pass_redirects = t.pass_redirects.unwrap_or(false);
     let fail_open = t.fail_mode == Some(spec::FailMode::Open);
     let (isolate_after, isolate_ms) = (t.isolate_after, t.isolate_ms);
     let upstream = UpstreamSpec {
@@ -67,6 +70,7 @@ fn build_tool(
         route: single_route(provider),
         idempotency,
         expect_json,
+        pass_redirects,
         isolate_after: isolate_after.unwrap_or(3).max(1),
         isolate_for: Duration::from_millis(isolate_ms.unwrap_or(30_000).max(1)),
         fail_open,

@@ -97,6 +97,8 @@ pub struct ToolPlan {
     pub idem: Option<(String, usize)>,
     /// 2xx answers must be JSON to count as a success.
     pub expect_json: bool,
+    /// The tool's redirects are relayed (`pass_redirects`).
+    pub pass_redirects: bool,
     /// In a task: the failure-streak key, threshold and cool-down.
     pub isolation: Option<(String, u32, Duration)>,
 }
@@ -109,6 +111,12 @@ pub struct McpPlan {
 }
 
 impl Admission {
+    /// A 3xx answer is relayed to the agent: only a tool configured with
+    /// `pass_redirects`; for every other upstream it is a failure.
+    pub fn passes_redirects(&self) -> bool {
+        matches!(&self.plan, Plan::Tool(t) if t.pass_redirects)
+    }
+
     /// The upstream path of a tool or MCP call (model calls keep theirs).
     pub fn target(&self) -> Option<&str> {
         match &self.plan {

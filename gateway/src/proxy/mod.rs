@@ -13,6 +13,8 @@
 //! - `features`: the exchange features (usage and the budget cut, the JSON
 //!   check, idempotency records, MCP sessions and list filtering, tool
 //!   streaks, task latency), each owning its per-request state;
+//! - `header_names`: header names read one way in both directions (`_`
+//!   spellings of the gateway's headers refused or removed);
 //! - `respond`: everything the gateway writes itself, one renderer per
 //!   wire format; `observe`: metrics and the access-log line.
 
@@ -25,6 +27,7 @@ mod env;
 mod failure;
 mod features;
 mod guards;
+mod header_names;
 mod ids;
 mod large_body;
 mod mcp;

@@ -19,7 +19,7 @@ use loopgate_breaker::{Fingerprint, Fingerprinter, LoopConfig};
 use loopgate_policy::prompt::ContextCheck;
 use loopgate_policy::{
     clip, inspect_body, inspect_body_with, replace_model, AgentRules, BodyFacts, Deny, DenyCode,
-    Endpoint, MoneyAsk, Verdict,
+    Endpoint, MoneyAsk, PhraseMatcher, Verdict,
 };
 use loopgate_translate::request::{MaxTokensField, Options};
 use pingora_proxy::Session;
@@ -90,7 +90,18 @@ pub async fn judge(
     };
     if route.translates(endpoint) {
         // Boxed: its state does not grow every model call's future.
-        Box::pin(translate_plan(caller.room, &route, &mut model_plan, &body)).await?;
+        let phrases = rules.phrases.clone();
+        let found = Box::pin(translate_plan(
+            caller.room,
+            &route,
+            &mut model_plan,
+            &body,
+            phrases,
+        ))
+        .await?;
+        // A blocked phrase translation decoded is judged as one the agent
+        // wrote (dry-run included).
+        verdict.judge_external(rules, rules.phrase_deny(found))?;
     }
     Ok(Judgement::Forward(Box::new(Judged {
         route_name,
@@ -340,6 +351,16 @@ impl<'p> Sent<'p> {
 /// translated stream ends with a usage chunk only if it asked).
 /// Same-family routes: nothing done.
 ///
+/// What translation makes is judged as the agent's body was (the same
+/// `inspect_body`, in the target family: blocked phrases, nesting depth,
+/// duplicate keys, the tool-bearing shapes): translation decodes text the
+/// first judging saw still encoded, the JSON inside a tool call's
+/// `arguments` string (`\\u0069gnore` is `ignore` once it is Anthropic's
+/// `input` object, and an `arguments` nested 100 deep becomes a body 100
+/// deep), so a refusal of the translated body refuses the call before
+/// anything is sent. This second judging runs only on routes that
+/// translate.
+///
 /// Judging work: translation parses the body into a tree and builds the
 /// other family's, so what both may hold (twice the tree's bound,
 /// `policy::json::parse_cost`: a body of tiny objects makes a tree a
@@ -351,18 +372,19 @@ async fn translate_plan(
     route: &Arc<Route>,
     plan: &mut ModelPlan,
     body: &Bytes,
-) -> Result<(), GatewayError> {
+    phrases: Option<Arc<PhraseMatcher>>,
+) -> Result<Option<usize>, GatewayError> {
     plan.usage_chunk = false;
     plan.native_only = None;
     plan.translated = Translated::default();
     if !route.translates(plan.endpoint) {
-        return Ok(());
+        return Ok(None);
     }
     let mut work = room.hold();
     work.judging(loopgate_policy::json::parse_cost(body).saturating_mul(2))?;
     let held = room.hold();
     let translated = if body.len() <= JUDGE_ASIDE_BYTES {
-        translate_all(route, Sent::of(plan), body, held)?
+        translate_all(route, Sent::of(plan), body, held, phrases.as_deref())?
     } else {
         let (route, body) = (route.clone(), body.clone());
         let (endpoint, output) = (plan.endpoint, plan.output);
@@ -374,12 +396,12 @@ async fn translate_plan(
                 named: &named,
                 output,
             };
-            translate_all(&route, sent, &body, held)
+            translate_all(&route, sent, &body, held, phrases.as_deref())
         })
         .await??
     };
     drop(work);
-    let (bodies, usage_chunk, held) = match translated {
+    let (bodies, usage_chunk, held, found) = match translated {
         Ok(t) => t,
         Err(why)
             if route
@@ -388,7 +410,7 @@ async fn translate_plan(
                 .any(|t| t.provider.serves(plan.endpoint)) =>
         {
             plan.native_only = Some(Arc::from(why.to_string()));
-            return Ok(());
+            return Ok(None);
         }
         Err(why) => {
             return Err(Deny::new(
@@ -407,24 +429,28 @@ async fn translate_plan(
         _held: Some(held),
         room: Some(room.clone()),
     };
-    Ok(())
+    Ok(found)
 }
 
 /// The bodies of [`translate_all`], by target, the OpenAI agent's
-/// `include_usage`, and what holds the bodies' bytes.
-type TranslatedAll = (Vec<Option<Bytes>>, bool, Held);
+/// `include_usage`, what holds the bodies' bytes, and the first blocked
+/// phrase found in a translated body.
+type TranslatedAll = (Vec<Option<Bytes>>, bool, Held, Option<usize>);
 
 /// [`translate_plan`]'s work, on the calling thread: each target of the
 /// other family's body (renamed and limited for it, then translated),
 /// one translation shared by targets whose input and options agree; the
 /// bytes kept are counted in `held`. `Ok(Err(why))`: the body cannot be
 /// translated faithfully (what the caller does with that depends on the
-/// route); `Err`: the gateway could not do the work.
+/// route); `Err`: the gateway could not do the work, or the translated
+/// body is refused as the agent's would be. A blocked phrase (of
+/// `phrases`, the agent's) found in it is returned for the call's verdict.
 fn translate_all(
     route: &Route,
     sent: Sent<'_>,
     body: &[u8],
     mut held: Held,
+    phrases: Option<&PhraseMatcher>,
 ) -> Result<Result<TranslatedAll, loopgate_translate::Untranslatable>, GatewayError> {
     let from = super::features::translate::endpoint_family(sent.endpoint).ok_or_else(|| {
         GatewayError::Internal("a translated route on a non-chat endpoint".into())
@@ -432,6 +458,7 @@ fn translate_all(
     let mut bodies: Vec<Option<Bytes>> = Vec::with_capacity(route.targets.len());
     let mut made: Vec<(Option<Vec<u8>>, Options, Bytes)> = Vec::new();
     let mut usage_chunk = false;
+    let mut found = None;
     for target in 0..route.targets.len() {
         if !sends_translated(route, target, sent.endpoint) {
             bodies.push(None);
@@ -457,10 +484,17 @@ fn translate_all(
             .map_err(|_| GatewayError::Internal("cannot write the translated body".into()))?;
         drop(t);
         held.grow_beside(out.len() as u64, "the translated request")?;
+        // Judged like the agent's body: what decoding `arguments` made
+        // must pass the same checks (see `translate_plan`).
+        let to = match from {
+            loopgate_translate::Family::OpenAi => Endpoint::Messages,
+            loopgate_translate::Family::Anthropic => Endpoint::ChatCompletions,
+        };
+        found = found.or(inspect_body(to, &out, phrases)?.blocked_phrase);
         bodies.push(Some(out.clone()));
         made.push((input, opts, out));
     }
-    Ok(Ok((bodies, usage_chunk, held)))
+    Ok(Ok((bodies, usage_chunk, held, found)))
 }
 
 /// Whether attempt `target` of a call on `endpoint` goes to a provider of
@@ -490,7 +524,11 @@ pub async fn degrade(caller: &Caller<'_>, j: &mut Judged, to: &str) -> Result<bo
     let (name, route) = find_route(caller, m.endpoint, to)?;
     let renamed = Bytes::from(renamed);
     m.degraded_from = Some(std::mem::replace(&mut m.model, to.to_string()));
-    Box::pin(translate_plan(caller.room, &route, m, &renamed)).await?;
+    let phrases = caller.rules().phrases.clone();
+    // The body was judged, translated, under the call's verdict at
+    // admission; a degrade renames the model only, so a phrase found again
+    // was found then (and only reported, under dry-run).
+    let _found = Box::pin(translate_plan(caller.room, &route, m, &renamed, phrases)).await?;
     j.body = renamed;
     j.body_rewritten = true;
     j.route_name = name;

@@ -70,6 +70,7 @@ impl Gateway {
             return Err(e);
         }
         admit::check_target(session.req_header())?;
+        super::header_names::check_request(session.req_header())?;
         let call = call?;
         let env = self.env();
         let admitted = admit::admit(session, ctx, &cfg, &env, &call, &self.bodies).await?;

@@ -210,12 +210,13 @@ pub fn sse_error_event(kind: Option<ProviderKind>, e: &GatewayError, request_id:
 /// The gateway's decisions on a relayed response: the request id, who
 /// served it and what the gateway decided on the way. Only the gateway
 /// speaks in `x-loopgate-*`: an upstream's own are removed first, so it
-/// cannot forge one of its decisions.
+/// cannot forge one of its decisions, and so are their spellings with `_`
+/// (`x-loopgate_cost_usd`, `x_request_id`; see `header_names`).
 pub fn decision_headers(resp: &mut ResponseHeader, ctx: &RequestCtx) -> pingora::Result<()> {
     let forged: Vec<http::HeaderName> = resp
         .headers
         .keys()
-        .filter(|h| h.as_str().starts_with("x-loopgate-"))
+        .filter(|h| super::header_names::forged_answer_header(h.as_str()))
         .cloned()
         .collect();
     for h in &forged {

@@ -150,6 +150,7 @@ pub async fn judge(
             target,
             idem: claim.record,
             expect_json: tool.expect_json,
+            pass_redirects: tool.pass_redirects,
             isolation,
         }),
     })))

@@ -593,12 +593,31 @@ fn peer_for(p: &crate::config::runtime::Provider, addr: std::net::SocketAddr) ->
 
 /// What the gateway could not read must not pass as if judged: a switch
 /// of protocols nobody asked for (agents' upgrades are refused at
-/// admission), or a body encoding it cannot inspect (it asked for
-/// `identity`) on an answer whose body it judges. `Some(why)` for those.
+/// admission), a redirect, or a body encoding it cannot inspect (it asked
+/// for `identity`) on an answer whose body it judges. `Some(why)` for
+/// those.
+///
+/// A redirect (3xx but `304 Not Modified`, which names no other place):
+/// a model endpoint, a tool or an MCP server never sends its caller
+/// elsewhere, and relayed, the agent's SDK would follow the `Location`
+/// and re-send the whole request (prompt, arguments) to a place no rule
+/// judged. So it is the upstream's failure, counted by its breaker, and a
+/// fallback may follow; the `Location` is never echoed. A tool configured
+/// with `pass_redirects: true` is the one exception.
 fn unreadable(ctx: &RequestCtx, resp: &ResponseHeader) -> Option<String> {
     let status = resp.status.as_u16();
     if status == 101 {
         return Some("switched protocols unasked".to_string());
+    }
+    let relayed = || {
+        ctx.admitted
+            .as_deref()
+            .is_some_and(|a| a.passes_redirects())
+    };
+    if (300..400).contains(&status) && status != 304 && !relayed() {
+        return Some(format!(
+            "answered a redirect ({status}), which the gateway neither follows nor relays"
+        ));
     }
     if status < 200 || !needs_inspection(ctx) {
         return None;
