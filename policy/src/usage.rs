@@ -7,6 +7,13 @@
 //! altered. JSON bodies are kept up to a cap and read at the end. Reading
 //! takes only the usage objects out of a document ([`reader`]).
 //!
+//! Beside the usage, the scanner counts the generated text it saw (the
+//! string values that carry output, see [`reader`]), so that an answer
+//! whose usage never comes or cannot be read still settles on what the
+//! gateway relayed ([`UsageScanner::relayed_text_bytes`]): an SSE stream's
+//! deltas as they pass; a JSON answer's text once it ended without usage;
+//! a JSON answer past the reader's cap, all its bytes.
+//!
 //! Recognised: OpenAI `usage.{prompt,completion}_tokens` (chat, completions,
 //! embeddings, final stream chunk) with `prompt_tokens_details.cached_tokens`,
 //! Anthropic `message.usage` in `message_start` and the cumulative `usage`
@@ -17,7 +24,7 @@
 
 mod reader;
 
-use reader::{read_counts, Counts};
+use reader::{output_text_bytes, read_counts, Counts};
 
 /// Tokens a provider reported for one exchange, as it reported them: the
 /// two families count cached prompt tokens differently, so both ways are
@@ -42,6 +49,12 @@ impl Usage {
     }
 }
 
+/// Tokens in `bytes` of text, counted as the prompt estimate counts them
+/// (4 bytes a token, rounded up).
+pub fn estimate_tokens(bytes: u64) -> u64 {
+    bytes.div_ceil(4)
+}
+
 /// Longest SSE line or JSON body kept; past it the usage is not learned
 /// (the estimate stands), memory stays bounded.
 const MAX_KEPT: usize = 4 * 1024 * 1024;
@@ -50,6 +63,8 @@ const MAX_KEPT: usize = 4 * 1024 * 1024;
 enum Mode {
     Sse,
     Json,
+    /// A JSON body past [`MAX_KEPT`]: only its bytes are counted.
+    JsonPast,
     Off,
 }
 
@@ -64,6 +79,14 @@ pub struct UsageScanner {
     cache_read: Option<u64>,
     cache_write: Option<u64>,
     events: u64,
+    /// Bytes of generated text seen (see the module docs).
+    text_bytes: u64,
+    /// JSON: bytes of the body so far.
+    body_bytes: u64,
+    /// SSE: the event under way is one whose text was counted already
+    /// (the Responses API's `.done` and `response.completed` events repeat
+    /// the deltas whole).
+    repeats: bool,
 }
 
 impl UsageScanner {
@@ -91,17 +114,24 @@ impl UsageScanner {
             cache_read: None,
             cache_write: None,
             events: 0,
+            text_bytes: 0,
+            body_bytes: 0,
+            repeats: false,
         }
     }
 
     pub fn feed(&mut self, chunk: &[u8]) {
         match self.mode {
             Mode::Off => {}
+            Mode::JsonPast => {
+                self.body_bytes = self.body_bytes.saturating_add(chunk.len() as u64);
+            }
             Mode::Json => {
+                self.body_bytes = self.body_bytes.saturating_add(chunk.len() as u64);
                 if self.kept.len() + chunk.len() > MAX_KEPT {
                     self.overflow = true;
                     self.kept = Vec::new();
-                    self.mode = Mode::Off;
+                    self.mode = Mode::JsonPast;
                 } else {
                     self.kept.extend_from_slice(chunk);
                 }
@@ -144,11 +174,27 @@ impl UsageScanner {
         self.events
     }
 
+    /// Bytes of generated text the answer carried, as far as it was seen
+    /// (a JSON answer's: once [`UsageScanner::finish`] found no usage in
+    /// it; past the reader's cap, every byte of it).
+    pub fn relayed_text_bytes(&self) -> u64 {
+        match self.mode {
+            Mode::JsonPast => self.body_bytes,
+            _ => self.text_bytes,
+        }
+    }
+
     /// The usage seen, once the body ended.
     pub fn finish(&mut self) -> Option<Usage> {
         if let Mode::Json = self.mode {
             if let Some(c) = read_counts(&self.kept) {
                 self.absorb(&c);
+            }
+            if self.input.is_none() && self.output.is_none() {
+                // No usage to settle on: what the answer said is counted
+                // instead (only then: an answer with usage is not walked
+                // twice).
+                self.text_bytes = output_text_bytes(&self.kept);
             }
             self.kept = Vec::new();
         }
@@ -171,9 +217,18 @@ impl UsageScanner {
         static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
             std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"usage"));
         let Some(data) = line.strip_prefix(b"data:") else {
+            if let Some(name) = line.strip_prefix(b"event:") {
+                let name = name.trim_ascii();
+                self.repeats = name.starts_with(b"response.") && !name.ends_with(b".delta");
+            } else if line.trim_ascii().is_empty() {
+                self.repeats = false;
+            }
             return;
         };
         self.events += 1;
+        if !self.repeats {
+            self.text_bytes = self.text_bytes.saturating_add(output_text_bytes(data));
+        }
         if USAGE_KEY.find(data).is_none() {
             return;
         }

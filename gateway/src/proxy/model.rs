@@ -83,6 +83,10 @@ pub async fn judge(
         budget_room: None,
         money_room: None,
         estimated_prompt,
+        reserved_output: match endpoint {
+            Endpoint::Embeddings => 0,
+            _ => plan.output_tokens,
+        },
         output: plan.output,
         usage_chunk: false,
         native_only: None,

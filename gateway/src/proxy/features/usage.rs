@@ -1,6 +1,7 @@
 //! Usage metering on model calls: reads the provider's reported usage from
 //! the answer as it passes (JSON or SSE), for token metrics and limit
-//! settlement, and cuts a stream that outgrows its token budgets or the
+//! settlement, counts the output it relayed (what an answer whose usage
+//! cannot be read settles on, see `request::settled_usage`), and cuts a stream that outgrows its token budgets or the
 //! money its budgets have left with a proper error event (the overshoot is
 //! at most one upstream read).
 
@@ -22,12 +23,22 @@ pub struct UsageMeter {
     prompt: u64,
     scanner: Option<UsageScanner>,
     usage: Option<Usage>,
+    /// Embeddings: the answer's numbers are no output to count.
+    counts_output: bool,
+    /// Bytes of generated text relayed so far.
+    relayed: u64,
 }
 
 impl UsageMeter {
     /// What the provider reported (or, for a cut stream, what it produced).
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// Output tokens counted in what was relayed (an estimate, at the
+    /// prompt estimate's 4 bytes a token).
+    pub fn relayed_output(&self) -> u64 {
+        loopgate_policy::usage::estimate_tokens(self.relayed)
     }
 }
 
@@ -39,6 +50,8 @@ impl Feature for UsageMeter {
             prompt: m.estimated_prompt,
             scanner: None,
             usage: None,
+            counts_output: m.endpoint != loopgate_policy::Endpoint::Embeddings,
+            relayed: 0,
         })
     }
 
@@ -63,6 +76,12 @@ impl Feature for UsageMeter {
         if let Some(b) = body {
             scanner.feed(b);
         }
+        if end {
+            self.usage = scanner.finish();
+        }
+        if self.counts_output {
+            self.relayed = scanner.relayed_text_bytes();
+        }
         let produced = scanner.events();
         let over = |room: Option<u64>| room.filter(|r| !end && produced > *r);
         let cut = match (over(self.room), over(self.money_room)) {
@@ -81,7 +100,7 @@ impl Feature for UsageMeter {
                 .inc();
             self.usage = Some(Usage {
                 input_tokens: self.prompt,
-                output_tokens: produced,
+                output_tokens: produced.max(self.relayed_output()),
                 ..Usage::default()
             });
             self.scanner = None;
@@ -93,7 +112,6 @@ impl Feature for UsageMeter {
             return Err(answer(BUDGET_CUT, GatewayError::Denied(deny)));
         }
         if end {
-            self.usage = scanner.finish();
             self.scanner = None;
         }
         Ok(())
