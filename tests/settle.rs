@@ -201,3 +201,139 @@ fn calls_that_never_reached_a_provider_cost_nothing() {
     // Settled on its usage: 2 + 10 x 10.
     assert_eq!(spent_today(&gw), 102);
 }
+
+/// Item 2: the official openai SDK at its defaults streams without
+/// `stream_options`, and the provider (like OpenAI) then reports no usage:
+/// the gateway asks for it on a priced route, settles on it (2 prompt
+/// tokens + 300 output x 10 = 3,002 micro-dollars, where the reservation
+/// alone was 1,002), and drops the usage chunk the SDK did not ask for
+/// (`sdk/settle.py` checks every chunk it sees). An agent that asked
+/// keeps its usage chunk.
+#[test]
+fn an_sdk_stream_without_stream_options_settles_on_the_providers_usage() {
+    let mock = Mock::start();
+    let gw = start(&config(
+        &mock.url(),
+        "",
+        "",
+        "daily_usd: 0.01, default_max_tokens: 100",
+    ));
+    let url = format!("http://{}", gw.addr);
+    let out = run_sdk_script("settle.py", &[&url, AGENT_KEY, "300"], "sdk settle ok");
+    print!("{out}");
+    let spent = spent_today(&gw);
+    println!("spent {spent} micro-dollars");
+    assert_eq!(spent, 3002);
+    let sent: Value = serde_json::from_str(mock.last_request()["body"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        sent["stream_options"],
+        serde_json::json!({"include_usage": true})
+    );
+    // Asked for by the agent: passed on, and its usage chunk reaches it.
+    let asked = r#"{"model":"priced","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
+    let args = [
+        "-N",
+        "-H",
+        "x-mock-usage-if-asked: 1",
+        "-H",
+        "x-mock-prompt-tokens: 2",
+        "-H",
+        "x-mock-chunks: 10",
+    ];
+    let r = post_json(&gw, AGENT_KEY, "/v1/chat/completions", &args, asked);
+    assert_eq!(r.status, 200, "{r:?}");
+    let usage: Vec<Value> = r
+        .text()
+        .split("\n\n")
+        .filter_map(|e| serde_json::from_str::<Value>(e.strip_prefix("data: ")?).ok())
+        .filter(|c| c["choices"] == serde_json::json!([]))
+        .map(|c| c["usage"].clone())
+        .collect();
+    assert_eq!(usage.len(), 1, "{}", r.text());
+    assert_eq!(
+        (&usage[0]["prompt_tokens"], &usage[0]["completion_tokens"]),
+        (&serde_json::json!(2), &serde_json::json!(10))
+    );
+    assert_eq!(spent_today(&gw), 3002 + 102);
+}
+
+/// Item 2: an agent that leaves a stream early: its usage never comes,
+/// and the call settles on what the gateway relayed (pieces of 40 bytes,
+/// 10 tokens each at the prompt estimate's 4 bytes a token, 100
+/// micro-dollars each), not on the 1,002 reserved.
+#[test]
+fn a_stream_the_agent_leaves_settles_on_what_was_relayed() {
+    use std::io::{Read, Write};
+    let mock = Mock::start();
+    let gw = start(&config(
+        &mock.url(),
+        "",
+        "",
+        "daily_usd: 1, default_max_tokens: 100",
+    ));
+    let body = r#"{"model":"priced","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {AGENT_KEY}\r\n\
+         content-type: application/json\r\nx-mock-usage-if-asked: 1\r\nx-mock-prompt-tokens: 2\r\n\
+         x-mock-chunks: 2000\r\nx-mock-piece-bytes: 40\r\nx-mock-chunk-delay-ms: 5\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let piece = format!("\"content\":\"{}\"", "x".repeat(40));
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    while String::from_utf8_lossy(&got).matches(&piece).count() < 50 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let read = String::from_utf8_lossy(&got).matches(&piece).count() as u64;
+    drop(s);
+    // In flight, the reservation counts; then the call settles.
+    let mut spent = 0;
+    let settled = eventually(10, || {
+        spent = spent_today(&gw);
+        spent != 1002
+    });
+    println!("read {read} pieces, then left; spent {spent} micro-dollars");
+    assert!(settled, "still the reservation: {spent}");
+    assert!(spent >= 2 + read * 100, "{spent} for {read} pieces read");
+    assert_eq!((spent - 2) % 100, 0, "whole pieces: {spent}");
+    assert!(
+        spent < 2 + 2000 * 100,
+        "the stream ended when the agent left"
+    );
+}
+
+/// Item 2: a JSON answer past the usage reader's 4 MiB cap (1,100 pieces
+/// of 4 KiB): its usage cannot be read, and it settles on the prompt
+/// estimate and every byte relayed (4 bytes a token, 10 micro-dollars a
+/// token), not on the 1,002 reserved.
+#[test]
+fn a_json_answer_past_the_usage_readers_cap_settles_on_its_bytes() {
+    let mock = Mock::start();
+    let gw = start(&config(
+        &mock.url(),
+        "",
+        "",
+        "daily_usd: 100, default_max_tokens: 100",
+    ));
+    let args = [
+        "-H",
+        "x-mock-prompt-tokens: 2",
+        "-H",
+        "x-mock-chunks: 1100",
+        "-H",
+        "x-mock-piece-bytes: 4096",
+    ];
+    let r = post_json(&gw, AGENT_KEY, "/v1/chat/completions", &args, BARE);
+    assert_eq!(r.status, 200, "{}", r.status);
+    let len = r.body.len() as u64;
+    assert!(len > 4 * 1024 * 1024, "{len}");
+    let spent = spent_today(&gw);
+    println!("{len} bytes relayed; spent {spent} micro-dollars");
+    assert_eq!(spent, 2 + len.div_ceil(4) * 10);
+}

@@ -260,9 +260,200 @@ impl UsageScanner {
     }
 }
 
+/// Drops the usage-only chunk of an OpenAI-family stream (`choices: []`
+/// beside a `usage` object) from what the agent receives: the gateway
+/// asked the provider for it ([`crate::rewrite::with_stream_usage`]), the
+/// agent did not, and its stream stays as it would have been. Events pass
+/// whole as they complete; a chunk that ends inside an event keeps that
+/// event's start until the rest arrives (at most [`MAX_KEPT`]: past it,
+/// what is held goes as it is).
+#[derive(Debug, Default)]
+pub struct UsageChunkDropper {
+    pending: Vec<u8>,
+}
+
+impl UsageChunkDropper {
+    /// What goes to the agent for `chunk` (`end`: the stream's last);
+    /// `None` when the chunk goes as it is.
+    pub fn filter(&mut self, chunk: &[u8], end: bool) -> Option<Vec<u8>> {
+        if self.pending.is_empty()
+            && (chunk.is_empty() || (ends_event(chunk) && empty_choices(chunk).is_none()))
+        {
+            // The common case: whole events, none of them the usage chunk.
+            return None;
+        }
+        self.pending.extend_from_slice(chunk);
+        let mut out = Vec::with_capacity(self.pending.len());
+        let mut from = 0;
+        while let Some(len) = event_len(&self.pending[from..]) {
+            let event = &self.pending[from..from + len];
+            if !is_usage_only(event) {
+                out.extend_from_slice(event);
+            }
+            from += len;
+        }
+        let rest = &self.pending[from..];
+        if end || rest.len() > MAX_KEPT {
+            if !is_usage_only(rest) {
+                out.extend_from_slice(rest);
+            }
+            from = self.pending.len();
+        }
+        self.pending.drain(..from);
+        Some(out)
+    }
+}
+
+/// The chunk ends where an event does (a blank line).
+fn ends_event(chunk: &[u8]) -> bool {
+    chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n")
+}
+
+/// The length of the first whole event of `s` (through its blank line).
+fn event_len(s: &[u8]) -> Option<usize> {
+    let lf = memchr::memmem::find(s, b"\n\n").map(|at| at + 2);
+    let crlf = memchr::memmem::find(s, b"\n\r\n").map(|at| at + 3);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Where `"choices"` is followed by an empty array, if anywhere.
+fn empty_choices(s: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    while let Some(at) = memchr::memmem::find(&s[from..], b"\"choices\"") {
+        let after = from + at + b"\"choices\"".len();
+        let mut rest = s[after..].iter().filter(|c| !c.is_ascii_whitespace());
+        if rest.next() == Some(&b':') && rest.next() == Some(&b'[') && rest.next() == Some(&b']') {
+            return Some(from + at);
+        }
+        from = after;
+    }
+    None
+}
+
+/// One SSE event whose data is an OpenAI usage-only chunk.
+fn is_usage_only(event: &[u8]) -> bool {
+    if empty_choices(event).is_none() {
+        return false;
+    }
+    event
+        .split(|c| *c == b'\n')
+        .filter_map(|l| l.strip_prefix(b"data:"))
+        .any(|data| {
+            let v: Option<serde_json::Value> = serde_json::from_slice(data.trim_ascii()).ok();
+            v.is_some_and(|v| {
+                v.get("choices")
+                    .and_then(serde_json::Value::as_array)
+                    .is_some_and(Vec::is_empty)
+                    && v.get("usage").is_some_and(serde_json::Value::is_object)
+            })
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_usage_only_chunk_is_dropped_at_any_chunking_and_the_rest_kept() {
+        let usage = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":3}}\n\n";
+        let before = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n\
+            data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+        let stream = format!("{before}{usage}data: [DONE]\n\n");
+        let want = format!("{before}data: [DONE]\n\n");
+        for piece in [1, 2, 5, 17, 64, 10_000] {
+            let mut d = UsageChunkDropper::default();
+            let mut out = Vec::new();
+            let chunks: Vec<&[u8]> = stream.as_bytes().chunks(piece).collect();
+            for (i, c) in chunks.iter().enumerate() {
+                match d.filter(c, i + 1 == chunks.len()) {
+                    Some(o) => out.extend_from_slice(&o),
+                    None => out.extend_from_slice(c),
+                }
+            }
+            assert_eq!(String::from_utf8(out).unwrap(), want, "piece {piece}");
+        }
+        // Whole events without it pass untouched (no copy).
+        let mut d = UsageChunkDropper::default();
+        assert_eq!(d.filter(before.as_bytes(), false), None);
+        // An empty `choices` without usage, or usage beside choices, stays.
+        for keep in [
+            "data: {\"choices\":[]}\n\n",
+            "data: {\"choices\":[{\"delta\":{}}],\"usage\":{\"prompt_tokens\":1}}\n\n",
+            "data: {\"choices\": [ ], \"usage\": null}\n\n",
+        ] {
+            let mut d = UsageChunkDropper::default();
+            let out = d
+                .filter(keep.as_bytes(), true)
+                .unwrap_or_else(|| keep.into());
+            assert_eq!(out, keep.as_bytes(), "{keep}");
+        }
+        // Spaced JSON and CRLF events are read too.
+        let spaced = "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 1}}\r\n\r\ndata: [DONE]\r\n\r\n";
+        let mut d = UsageChunkDropper::default();
+        assert_eq!(
+            d.filter(spaced.as_bytes(), true).unwrap(),
+            b"data: [DONE]\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn the_text_relayed_is_counted_from_the_output_fields_only() {
+        let sse = |body: &str| {
+            let mut s = UsageScanner::for_content_type(Some("text/event-stream"));
+            for c in body.as_bytes().chunks(3) {
+                s.feed(c);
+            }
+            s.relayed_text_bytes()
+        };
+        // OpenAI chat: content and tool-call arguments; ids, roles and
+        // names are not output.
+        assert_eq!(
+            sse("data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"Hello\"}}]}\n\n\
+                 data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]}}]}\n\n"),
+            5 + 9
+        );
+        // Anthropic: text and partial_json deltas.
+        assert_eq!(sse(ANTHROPIC_SSE), 5);
+        // Responses: the deltas, not the events that repeat them whole.
+        assert_eq!(
+            sse("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"abcd\"}\n\n\
+                 event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"abcd\"}\n\n\
+                 event: response.completed\ndata: {\"response\":{\"output\":[{\"content\":[{\"text\":\"abcd\"}]}]}}\n\n"),
+            4
+        );
+        let json = |body: &[u8]| {
+            let mut s = UsageScanner::for_content_type(Some("application/json"));
+            for c in body.chunks(1000) {
+                s.feed(c);
+            }
+            let usage = s.finish();
+            (usage.is_some(), s.relayed_text_bytes())
+        };
+        // A JSON answer without usage: its text; with usage: not walked.
+        assert_eq!(
+            json(br#"{"choices":[{"message":{"role":"assistant","content":"abcdefgh"}}]}"#),
+            (false, 8)
+        );
+        assert_eq!(
+            json(
+                br#"{"choices":[{"message":{"content":"abcdefgh"}}],"usage":{"prompt_tokens":1}}"#
+            ),
+            (true, 0)
+        );
+        // Past the reader's cap: every byte of it.
+        let big = format!(
+            r#"{{"choices":[{{"message":{{"content":"{}"}}}}]}}"#,
+            "x".repeat(MAX_KEPT)
+        );
+        assert_eq!(json(big.as_bytes()), (false, big.len() as u64));
+        assert_eq!(
+            estimate_tokens(big.len() as u64),
+            (big.len() as u64).div_ceil(4)
+        );
+    }
 
     fn scan_in_pieces(ct: &str, body: &[u8], piece: usize) -> Option<Usage> {
         let mut s = UsageScanner::for_content_type(Some(ct));

@@ -85,6 +85,10 @@ pub struct ModelPlan {
     /// An OpenAI agent's `stream_options.include_usage`, for a stream
     /// translated from Anthropic (`false` where nothing is translated).
     pub usage_chunk: bool,
+    /// A priced OpenAI-family stream whose agent did not ask for its
+    /// usage: each attempt of the agent's family asks for it, and the
+    /// usage chunk is dropped from what the agent receives.
+    pub ask_usage: bool,
     /// On a route of both API families, a body the other family cannot
     /// read faithfully (why): only targets of the agent's family serve it.
     pub native_only: Option<Arc<str>>,
