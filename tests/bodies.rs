@@ -76,6 +76,8 @@ fn large_body_streams_back_byte_identical() {
             "-N",
             "-H",
             "x-mock-chunks: 20",
+            "-H",
+            "x-mock-usage-if-asked: 1",
         ],
         &body,
     );
@@ -87,14 +89,23 @@ fn large_body_streams_back_byte_identical() {
             &auth(AGENT_KEY),
             "-H",
             "x-mock-chunks: 20",
+            "-H",
+            "x-mock-usage-if-asked: 1",
         ],
         &body,
     );
     assert_eq!(via.status, 200, "{}", via.text());
     assert_eq!(via.header("content-type"), Some("text/event-stream"));
     assert!(via.header("x-request-id").is_some());
+    // The mock streams as OpenAI does (usage only when asked): the gateway
+    // asked for it (a priced model) and relayed no usage chunk.
     assert_eq!(direct.body, via.body);
-    assert_eq!(mock.last_request()["body_sha256"], sha256_hex(&body));
+    let mut asked = body.clone();
+    asked.splice(
+        1..1,
+        br#""stream_options":{"include_usage":true},"#.iter().copied(),
+    );
+    assert_eq!(mock.last_request()["body_sha256"], sha256_hex(&asked));
 }
 
 #[test]

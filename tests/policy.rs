@@ -215,7 +215,12 @@ fn streamed_usage_corrects_the_token_limit_too() {
         body,
     );
     assert_eq!(r.status, 200);
-    assert!(r.text().contains("\"completion_tokens\":95"));
+    // The agent did not ask for the usage: the gateway asked the provider
+    // for it (a priced model), read it, and relayed no usage chunk.
+    assert!(!r.text().contains("\"usage\""), "{}", r.text());
+    let sent: serde_json::Value =
+        serde_json::from_str(mock.last_request()["body"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true, "{sent}");
     let r = post_json(
         &gw,
         TOKENS_KEY,

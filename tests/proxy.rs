@@ -86,6 +86,8 @@ fn agent_request_id_is_kept_both_ways_and_junk_ids_are_replaced() {
     );
 }
 
+/// The same stream from the mock and through the gateway; the mock's
+/// OpenAI streams carry usage only when asked, as OpenAI's do.
 fn stream_both_ways(path: &str, key_header: &str, body: &str) -> (Resp, Resp, Mock) {
     let mock = Mock::start();
     let gw = Gateway::start_default(&mock);
@@ -94,6 +96,8 @@ fn stream_both_ways(path: &str, key_header: &str, body: &str) -> (Resp, Resp, Mo
         "-N",
         "-H",
         "x-mock-chunks: 20",
+        "-H",
+        "x-mock-usage-if-asked: 1",
         "-d",
         body,
     ]);
@@ -104,6 +108,8 @@ fn stream_both_ways(path: &str, key_header: &str, body: &str) -> (Resp, Resp, Mo
         key_header,
         "-H",
         "x-mock-chunks: 20",
+        "-H",
+        "x-mock-usage-if-asked: 1",
         "-d",
         body,
     ]);
@@ -123,12 +129,17 @@ fn openai_stream_is_byte_identical_to_the_provider() {
         "a stream must not get a length"
     );
     assert!(via.text().ends_with("data: [DONE]\n\n"));
-    assert!(via.text().contains("\"usage\""), "final usage chunk");
     assert_eq!(via.text().matches("\"content\":").count(), 21);
+    // The gateway asked the provider for the usage (a priced model, to
+    // settle on it), and kept the usage chunk the agent did not ask for.
+    assert!(!via.text().contains("\"usage\""), "no usage chunk");
     assert_eq!(
         direct.body, via.body,
         "SSE bytes differ from calling the mock directly"
     );
+    let sent: serde_json::Value =
+        serde_json::from_str(mock.last_request()["body"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true, "{sent}");
     assert_eq!(
         recorded_header(&mock.last_request(), "authorization"),
         Some(format!("Bearer {UPSTREAM_KEY}").as_str())

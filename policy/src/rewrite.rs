@@ -2,7 +2,8 @@
 //! validated: the `model`, for routes that rename the model per target
 //! ([`replace_model`]), and a field the gateway sets, such as the agent's
 //! output limit as the target reads it ([`insert_field`], [`remove_field`],
-//! [`apply_limit_edit`]). Only the bytes of that one member change (or are
+//! [`apply_limit_edit`]), and an OpenAI-family stream's
+//! `stream_options.include_usage` ([`with_stream_usage`]). Only the bytes of that one member change (or are
 //! added or removed); everything else is copied as it was, so the provider
 //! sees the agent's body byte for byte apart from the rewritten field.
 
@@ -58,6 +59,43 @@ pub fn insert_field<T: serde::Serialize + ?Sized>(
     }
     out.extend_from_slice(&body[open + 1..]);
     Some(out)
+}
+
+/// The body asking an OpenAI-family provider for its stream's usage:
+/// `stream_options.include_usage` set to `true`, the agent's other stream
+/// options kept. `None` when it asks already, or when its `stream_options`
+/// is neither an object nor `null` (the provider judges that as sent), or
+/// the body is not a JSON object.
+pub fn with_stream_usage(body: &[u8]) -> Option<Vec<u8>> {
+    let options = stream_usage_options(body)?;
+    insert_field(body, "stream_options", &options)
+}
+
+/// Whether [`with_stream_usage`] would change the body: it does not ask
+/// for its stream's usage, and can be made to.
+pub fn lacks_stream_usage(body: &[u8]) -> bool {
+    stream_usage_options(body).is_some()
+}
+
+/// The `stream_options` that ask for the usage, when the body's do not.
+fn stream_usage_options(body: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
+    use serde_json::Value;
+    if body.get(skip_ws(body, 0)) != Some(&b'{') {
+        return None;
+    }
+    let mut options = match top_level_value(body, "stream_options") {
+        None => serde_json::Map::new(),
+        Some((start, end)) => match serde_json::from_slice(body.get(start..end)?).ok()? {
+            Value::Null => serde_json::Map::new(),
+            Value::Object(o) => o,
+            _ => return None,
+        },
+    };
+    if options.get("include_usage") == Some(&Value::Bool(true)) {
+        return None;
+    }
+    options.insert("include_usage".into(), Value::Bool(true));
+    Some(options)
 }
 
 /// The body without its top-level member `key` (and the comma that
@@ -212,6 +250,36 @@ fn value_end(b: &[u8], i: usize) -> Option<usize> {
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    #[test]
+    fn a_stream_is_made_to_ask_for_its_usage_keeping_its_other_options() {
+        let ask = |b: &str| with_stream_usage(b.as_bytes()).map(|v| String::from_utf8(v).unwrap());
+        assert_eq!(
+            ask(r#"{"model":"m","stream":true}"#).as_deref(),
+            Some(r#"{"stream_options":{"include_usage":true},"model":"m","stream":true}"#)
+        );
+        assert_eq!(
+            ask(r#"{"stream_options":null,"stream":true}"#).as_deref(),
+            Some(r#"{"stream_options":{"include_usage":true},"stream":true}"#)
+        );
+        assert_eq!(
+            ask(r#"{"stream_options":{"include_usage":false,"x":1},"stream":true}"#).as_deref(),
+            Some(r#"{"stream_options":{"include_usage":true,"x":1},"stream":true}"#)
+        );
+        // Asked already, or options the provider must judge as sent.
+        for same in [
+            r#"{"stream_options":{"include_usage":true}}"#,
+            r#"{"stream_options":"yes"}"#,
+            r#"[1]"#,
+        ] {
+            assert_eq!(ask(same), None, "{same}");
+            assert!(!lacks_stream_usage(same.as_bytes()), "{same}");
+        }
+        // A key that only appears in the prompt is not the option.
+        assert!(lacks_stream_usage(
+            br#"{"messages":[{"content":"\"stream_options\":{\"include_usage\":true}"}]}"#
+        ));
+    }
 
     #[test]
     fn replaces_only_the_top_level_model() {

@@ -394,6 +394,13 @@ impl AgentRules {
             _ => None,
         };
         verdict.judge(self, tokens)?;
+        if insert.is_none() && facts.max_tokens.is_none() && facts.max_tokens_field.is_some() {
+            // A budget reserves `default_max_tokens` per completion for a
+            // body that bounds nothing; unsent, that size would bound
+            // nothing either (the provider's default output, however large,
+            // would settle far past the reservation).
+            insert = self.reserved_output_insert();
+        }
         let per_choice = facts
             .max_tokens
             .or(insert)
@@ -744,6 +751,17 @@ impl AgentRules {
 
 impl AgentRules {
     /// Whether any money budget applies to this agent's model calls.
+    /// The output size a budget reserves per completion for a body that
+    /// bounds none, to be sent as its limit: `default_max_tokens` when a
+    /// token or money budget applies and budgets are enforced (in dry-run
+    /// they only report, and the body goes as the agent wrote it).
+    fn reserved_output_insert(&self) -> Option<u64> {
+        let b = &self.budgets;
+        let reserves = b.task_tokens.is_some() || b.daily_tokens.is_some() || self.money_budgeted();
+        (reserves && !self.is_dry_run(DenyCode::BudgetExceeded) && b.default_max_tokens > 0)
+            .then_some(b.default_max_tokens)
+    }
+
     pub fn money_budgeted(&self) -> bool {
         let b = &self.budgets;
         b.task_usd.is_some()
@@ -984,6 +1002,75 @@ mod tests {
                 output_tokens: 4096
             }
         );
+    }
+
+    #[test]
+    fn a_budgets_output_reservation_is_sent_as_the_limit() {
+        let bare = |n| BodyFacts {
+            n,
+            max_tokens: None,
+            max_tokens_field: Some("max_tokens"),
+            ..facts()
+        };
+        let mut r = rules();
+        r.max_tokens = None;
+        // No budget: nothing reserved, nothing inserted.
+        assert_eq!(plan(&r, &bare(None)).unwrap().output.insert, None);
+        for budgets in [
+            Budgets {
+                daily_usd: Some(10_000),
+                default_max_tokens: 100,
+                ..Budgets::default()
+            },
+            Budgets {
+                daily_tokens: Some(5_000),
+                default_max_tokens: 100,
+                ..Budgets::default()
+            },
+            Budgets {
+                task_tokens: Some(5_000),
+                default_max_tokens: 100,
+                ..Budgets::default()
+            },
+        ] {
+            r.budgets = budgets;
+            // Reserved 100 per completion, and 100 per completion sent.
+            assert_eq!(
+                plan(&r, &bare(Some(3))).unwrap(),
+                BodyPlan {
+                    output: OutputLimit {
+                        insert: Some(100),
+                        ..OutputLimit::default()
+                    },
+                    output_tokens: 300
+                }
+            );
+            // The agent's own limit goes as it sent it.
+            let asked = BodyFacts {
+                max_tokens: Some(40),
+                limit_field: Some(crate::LimitField::MaxTokens),
+                ..bare(None)
+            };
+            assert_eq!(plan(&r, &asked).unwrap().output.insert, None);
+            assert_eq!(plan(&r, &asked).unwrap().output_tokens, 40);
+            // Embeddings bound no output.
+            let embed = BodyFacts {
+                max_tokens_field: None,
+                ..bare(None)
+            };
+            assert_eq!(plan(&r, &embed).unwrap().output.insert, None);
+        }
+        // A team's money budget reserves too.
+        r.budgets = Budgets {
+            default_max_tokens: 64,
+            ..Budgets::default()
+        };
+        r.team = Some(Arc::new(Team::new("ops", Some(1), None)));
+        assert_eq!(plan(&r, &bare(None)).unwrap().output.insert, Some(64));
+        // Budgets in dry-run only report: the body goes as written.
+        r.dry_run.insert(DenyCode::BudgetExceeded);
+        assert_eq!(plan(&r, &bare(None)).unwrap().output.insert, None);
+        assert_eq!(plan(&r, &bare(None)).unwrap().output_tokens, 64);
     }
 
     #[test]

@@ -7,6 +7,13 @@
 //! altered. JSON bodies are kept up to a cap and read at the end. Reading
 //! takes only the usage objects out of a document ([`reader`]).
 //!
+//! Beside the usage, the scanner counts the generated text it saw (the
+//! string values that carry output, see [`reader`]), so that an answer
+//! whose usage never comes or cannot be read still settles on what the
+//! gateway relayed ([`UsageScanner::relayed_text_bytes`]): an SSE stream's
+//! deltas as they pass; a JSON answer's text once it ended without usage;
+//! a JSON answer past the reader's cap, all its bytes.
+//!
 //! Recognised: OpenAI `usage.{prompt,completion}_tokens` (chat, completions,
 //! embeddings, final stream chunk) with `prompt_tokens_details.cached_tokens`,
 //! Anthropic `message.usage` in `message_start` and the cumulative `usage`
@@ -17,7 +24,7 @@
 
 mod reader;
 
-use reader::{read_counts, Counts};
+use reader::{output_text_bytes, read_counts, Counts};
 
 /// Tokens a provider reported for one exchange, as it reported them: the
 /// two families count cached prompt tokens differently, so both ways are
@@ -42,6 +49,12 @@ impl Usage {
     }
 }
 
+/// Tokens in `bytes` of text, counted as the prompt estimate counts them
+/// (4 bytes a token, rounded up).
+pub fn estimate_tokens(bytes: u64) -> u64 {
+    bytes.div_ceil(4)
+}
+
 /// Longest SSE line or JSON body kept; past it the usage is not learned
 /// (the estimate stands), memory stays bounded.
 const MAX_KEPT: usize = 4 * 1024 * 1024;
@@ -50,6 +63,8 @@ const MAX_KEPT: usize = 4 * 1024 * 1024;
 enum Mode {
     Sse,
     Json,
+    /// A JSON body past [`MAX_KEPT`]: only its bytes are counted.
+    JsonPast,
     Off,
 }
 
@@ -64,6 +79,14 @@ pub struct UsageScanner {
     cache_read: Option<u64>,
     cache_write: Option<u64>,
     events: u64,
+    /// Bytes of generated text seen (see the module docs).
+    text_bytes: u64,
+    /// JSON: bytes of the body so far.
+    body_bytes: u64,
+    /// SSE: the event under way is one whose text was counted already
+    /// (the Responses API's `.done` and `response.completed` events repeat
+    /// the deltas whole).
+    repeats: bool,
 }
 
 impl UsageScanner {
@@ -91,17 +114,24 @@ impl UsageScanner {
             cache_read: None,
             cache_write: None,
             events: 0,
+            text_bytes: 0,
+            body_bytes: 0,
+            repeats: false,
         }
     }
 
     pub fn feed(&mut self, chunk: &[u8]) {
         match self.mode {
             Mode::Off => {}
+            Mode::JsonPast => {
+                self.body_bytes = self.body_bytes.saturating_add(chunk.len() as u64);
+            }
             Mode::Json => {
+                self.body_bytes = self.body_bytes.saturating_add(chunk.len() as u64);
                 if self.kept.len() + chunk.len() > MAX_KEPT {
                     self.overflow = true;
                     self.kept = Vec::new();
-                    self.mode = Mode::Off;
+                    self.mode = Mode::JsonPast;
                 } else {
                     self.kept.extend_from_slice(chunk);
                 }
@@ -144,11 +174,27 @@ impl UsageScanner {
         self.events
     }
 
+    /// Bytes of generated text the answer carried, as far as it was seen
+    /// (a JSON answer's: once [`UsageScanner::finish`] found no usage in
+    /// it; past the reader's cap, every byte of it).
+    pub fn relayed_text_bytes(&self) -> u64 {
+        match self.mode {
+            Mode::JsonPast => self.body_bytes,
+            _ => self.text_bytes,
+        }
+    }
+
     /// The usage seen, once the body ended.
     pub fn finish(&mut self) -> Option<Usage> {
         if let Mode::Json = self.mode {
             if let Some(c) = read_counts(&self.kept) {
                 self.absorb(&c);
+            }
+            if self.input.is_none() && self.output.is_none() {
+                // No usage to settle on: what the answer said is counted
+                // instead (only then: an answer with usage is not walked
+                // twice).
+                self.text_bytes = output_text_bytes(&self.kept);
             }
             self.kept = Vec::new();
         }
@@ -171,9 +217,18 @@ impl UsageScanner {
         static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
             std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"usage"));
         let Some(data) = line.strip_prefix(b"data:") else {
+            if let Some(name) = line.strip_prefix(b"event:") {
+                let name = name.trim_ascii();
+                self.repeats = name.starts_with(b"response.") && !name.ends_with(b".delta");
+            } else if line.trim_ascii().is_empty() {
+                self.repeats = false;
+            }
             return;
         };
         self.events += 1;
+        if !self.repeats {
+            self.text_bytes = self.text_bytes.saturating_add(output_text_bytes(data));
+        }
         if USAGE_KEY.find(data).is_none() {
             return;
         }
@@ -205,9 +260,200 @@ impl UsageScanner {
     }
 }
 
+/// Drops the usage-only chunk of an OpenAI-family stream (`choices: []`
+/// beside a `usage` object) from what the agent receives: the gateway
+/// asked the provider for it ([`crate::rewrite::with_stream_usage`]), the
+/// agent did not, and its stream stays as it would have been. Events pass
+/// whole as they complete; a chunk that ends inside an event keeps that
+/// event's start until the rest arrives (at most [`MAX_KEPT`]: past it,
+/// what is held goes as it is).
+#[derive(Debug, Default)]
+pub struct UsageChunkDropper {
+    pending: Vec<u8>,
+}
+
+impl UsageChunkDropper {
+    /// What goes to the agent for `chunk` (`end`: the stream's last);
+    /// `None` when the chunk goes as it is.
+    pub fn filter(&mut self, chunk: &[u8], end: bool) -> Option<Vec<u8>> {
+        if self.pending.is_empty()
+            && (chunk.is_empty() || (ends_event(chunk) && empty_choices(chunk).is_none()))
+        {
+            // The common case: whole events, none of them the usage chunk.
+            return None;
+        }
+        self.pending.extend_from_slice(chunk);
+        let mut out = Vec::with_capacity(self.pending.len());
+        let mut from = 0;
+        while let Some(len) = event_len(&self.pending[from..]) {
+            let event = &self.pending[from..from + len];
+            if !is_usage_only(event) {
+                out.extend_from_slice(event);
+            }
+            from += len;
+        }
+        let rest = &self.pending[from..];
+        if end || rest.len() > MAX_KEPT {
+            if !is_usage_only(rest) {
+                out.extend_from_slice(rest);
+            }
+            from = self.pending.len();
+        }
+        self.pending.drain(..from);
+        Some(out)
+    }
+}
+
+/// The chunk ends where an event does (a blank line).
+fn ends_event(chunk: &[u8]) -> bool {
+    chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n")
+}
+
+/// The length of the first whole event of `s` (through its blank line).
+fn event_len(s: &[u8]) -> Option<usize> {
+    let lf = memchr::memmem::find(s, b"\n\n").map(|at| at + 2);
+    let crlf = memchr::memmem::find(s, b"\n\r\n").map(|at| at + 3);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Where `"choices"` is followed by an empty array, if anywhere.
+fn empty_choices(s: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    while let Some(at) = memchr::memmem::find(&s[from..], b"\"choices\"") {
+        let after = from + at + b"\"choices\"".len();
+        let mut rest = s[after..].iter().filter(|c| !c.is_ascii_whitespace());
+        if rest.next() == Some(&b':') && rest.next() == Some(&b'[') && rest.next() == Some(&b']') {
+            return Some(from + at);
+        }
+        from = after;
+    }
+    None
+}
+
+/// One SSE event whose data is an OpenAI usage-only chunk.
+fn is_usage_only(event: &[u8]) -> bool {
+    if empty_choices(event).is_none() {
+        return false;
+    }
+    event
+        .split(|c| *c == b'\n')
+        .filter_map(|l| l.strip_prefix(b"data:"))
+        .any(|data| {
+            let v: Option<serde_json::Value> = serde_json::from_slice(data.trim_ascii()).ok();
+            v.is_some_and(|v| {
+                v.get("choices")
+                    .and_then(serde_json::Value::as_array)
+                    .is_some_and(Vec::is_empty)
+                    && v.get("usage").is_some_and(serde_json::Value::is_object)
+            })
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_usage_only_chunk_is_dropped_at_any_chunking_and_the_rest_kept() {
+        let usage = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":3}}\n\n";
+        let before = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n\
+            data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+        let stream = format!("{before}{usage}data: [DONE]\n\n");
+        let want = format!("{before}data: [DONE]\n\n");
+        for piece in [1, 2, 5, 17, 64, 10_000] {
+            let mut d = UsageChunkDropper::default();
+            let mut out = Vec::new();
+            let chunks: Vec<&[u8]> = stream.as_bytes().chunks(piece).collect();
+            for (i, c) in chunks.iter().enumerate() {
+                match d.filter(c, i + 1 == chunks.len()) {
+                    Some(o) => out.extend_from_slice(&o),
+                    None => out.extend_from_slice(c),
+                }
+            }
+            assert_eq!(String::from_utf8(out).unwrap(), want, "piece {piece}");
+        }
+        // Whole events without it pass untouched (no copy).
+        let mut d = UsageChunkDropper::default();
+        assert_eq!(d.filter(before.as_bytes(), false), None);
+        // An empty `choices` without usage, or usage beside choices, stays.
+        for keep in [
+            "data: {\"choices\":[]}\n\n",
+            "data: {\"choices\":[{\"delta\":{}}],\"usage\":{\"prompt_tokens\":1}}\n\n",
+            "data: {\"choices\": [ ], \"usage\": null}\n\n",
+        ] {
+            let mut d = UsageChunkDropper::default();
+            let out = d
+                .filter(keep.as_bytes(), true)
+                .unwrap_or_else(|| keep.into());
+            assert_eq!(out, keep.as_bytes(), "{keep}");
+        }
+        // Spaced JSON and CRLF events are read too.
+        let spaced = "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 1}}\r\n\r\ndata: [DONE]\r\n\r\n";
+        let mut d = UsageChunkDropper::default();
+        assert_eq!(
+            d.filter(spaced.as_bytes(), true).unwrap(),
+            b"data: [DONE]\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn the_text_relayed_is_counted_from_the_output_fields_only() {
+        let sse = |body: &str| {
+            let mut s = UsageScanner::for_content_type(Some("text/event-stream"));
+            for c in body.as_bytes().chunks(3) {
+                s.feed(c);
+            }
+            s.relayed_text_bytes()
+        };
+        // OpenAI chat: content and tool-call arguments; ids, roles and
+        // names are not output.
+        assert_eq!(
+            sse("data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"Hello\"}}]}\n\n\
+                 data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]}}]}\n\n"),
+            5 + 9
+        );
+        // Anthropic: text and partial_json deltas.
+        assert_eq!(sse(ANTHROPIC_SSE), 5);
+        // Responses: the deltas, not the events that repeat them whole.
+        assert_eq!(
+            sse("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"abcd\"}\n\n\
+                 event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"abcd\"}\n\n\
+                 event: response.completed\ndata: {\"response\":{\"output\":[{\"content\":[{\"text\":\"abcd\"}]}]}}\n\n"),
+            4
+        );
+        let json = |body: &[u8]| {
+            let mut s = UsageScanner::for_content_type(Some("application/json"));
+            for c in body.chunks(1000) {
+                s.feed(c);
+            }
+            let usage = s.finish();
+            (usage.is_some(), s.relayed_text_bytes())
+        };
+        // A JSON answer without usage: its text; with usage: not walked.
+        assert_eq!(
+            json(br#"{"choices":[{"message":{"role":"assistant","content":"abcdefgh"}}]}"#),
+            (false, 8)
+        );
+        assert_eq!(
+            json(
+                br#"{"choices":[{"message":{"content":"abcdefgh"}}],"usage":{"prompt_tokens":1}}"#
+            ),
+            (true, 0)
+        );
+        // Past the reader's cap: every byte of it.
+        let big = format!(
+            r#"{{"choices":[{{"message":{{"content":"{}"}}}}]}}"#,
+            "x".repeat(MAX_KEPT)
+        );
+        assert_eq!(json(big.as_bytes()), (false, big.len() as u64));
+        assert_eq!(
+            estimate_tokens(big.len() as u64),
+            (big.len() as u64).div_ceil(4)
+        );
+    }
 
     fn scan_in_pieces(ct: &str, body: &[u8], piece: usize) -> Option<Usage> {
         let mut s = UsageScanner::for_content_type(Some(ct));

@@ -21,6 +21,9 @@
 //! | `x-mock-cache-write-tokens: 200` | of those, written to the cache (Anthropic `cache_creation_input_tokens`) |
 //! | `x-mock-tool-calls: 2` | chat completions and messages: answer with this many parallel tool calls (ids `call_mock_0` / `toolu_mock_0`, ..., names from the request's `tools` in order, else `mock_tool`, arguments `{"city":"Paris","n":0}` streamed in pieces), finish `tool_calls` / `tool_use` |
 //! | `x-mock-tool-text: 1` | with tool calls: the usual text before them (else there is none) |
+//! | `x-mock-obey-limit: 1` | stop the text at the request's output limit (`max_tokens`, `max_completion_tokens`, `max_output_tokens`), as providers do; finish `length` |
+//! | `x-mock-usage-if-asked: 1` | OpenAI streams carry usage only when `stream_options.include_usage` is `true` (as OpenAI does; by default only an explicit `false` leaves it out) |
+//! | `x-mock-piece-bytes: 64` | each text piece is this many bytes (at most 4096), counted as a quarter as many tokens |
 
 use http::HeaderMap;
 
@@ -50,6 +53,12 @@ pub struct Faults {
     pub tool_calls: usize,
     /// With tool calls: the text comes first.
     pub tool_text: bool,
+    /// The text stops at the request's output limit.
+    pub obey_limit: bool,
+    /// OpenAI streams carry usage only when asked for.
+    pub usage_if_asked: bool,
+    /// Bytes of each text piece, instead of the mock's words.
+    pub piece_bytes: Option<usize>,
 }
 
 /// What the mock adds to every answer of one request (a hostile or broken
@@ -95,6 +104,9 @@ impl Default for Faults {
             cache_write_tokens: 0,
             tool_calls: 0,
             tool_text: false,
+            obey_limit: false,
+            usage_if_asked: false,
+            piece_bytes: None,
         }
     }
 }
@@ -102,6 +114,8 @@ impl Default for Faults {
 /// Upper bound on content pieces, so a header cannot make the mock build a
 /// gigantic answer.
 const MAX_CHUNKS: usize = 100_000;
+/// Upper bound on the bytes of one text piece.
+pub const MAX_PIECE_BYTES: usize = 4096;
 /// Upper bound on tool calls in one answer.
 const MAX_TOOL_CALLS: usize = 1024;
 
@@ -162,6 +176,12 @@ impl Faults {
             Some(b"1") => f.tool_text = true,
             Some(b"0") => f.tool_text = false,
             _ => {}
+        }
+        let flag = |name: &str| headers.get(name).is_some_and(|v| v.as_bytes() == b"1");
+        f.obey_limit |= flag("x-mock-obey-limit");
+        f.usage_if_asked |= flag("x-mock-usage-if-asked");
+        if let Some(v) = num::<usize>(headers, "x-mock-piece-bytes") {
+            f.piece_bytes = Some(v.clamp(1, MAX_PIECE_BYTES));
         }
         if let Some(b) = headers.get("x-mock-body").and_then(|v| v.to_str().ok()) {
             f.body = Some(b.to_string());

@@ -16,6 +16,8 @@ const WORDS: [&str; 8] = [
 const CREATED: u64 = 1_700_000_000;
 /// The cities in the mock's tool-call arguments, in turn.
 const CITIES: [&str; 4] = ["Paris", "Rome", "Tokyo", "Lima"];
+/// What `x-mock-piece-bytes` pieces are cut from.
+static FILL: [u8; super::faults::MAX_PIECE_BYTES] = [b'x'; super::faults::MAX_PIECE_BYTES];
 /// Bytes of a tool call's arguments per streamed piece.
 const ARGUMENT_PIECE: usize = 7;
 
@@ -80,6 +82,10 @@ pub struct Exchange {
     cached_tokens: u64,
     cache_write_tokens: u64,
     pieces: Vec<&'static str>,
+    /// Tokens each text piece counts for.
+    piece_tokens: u64,
+    /// The text stopped at the request's output limit.
+    cut_at_limit: bool,
     include_usage: bool,
     inputs: usize,
     /// Parallel tool calls after the text (chat completions and messages).
@@ -166,22 +172,43 @@ impl Exchange {
             .and_then(Value::as_str)
             .unwrap_or("mock")
             .to_string();
-        // A stream carries usage unless the client explicitly opted out.
-        let include_usage = req
+        // A stream carries usage unless the client explicitly opted out
+        // (or, as OpenAI does, only when it asked).
+        let asked = req
             .pointer("/stream_options/include_usage")
-            .and_then(Value::as_bool)
-            != Some(false);
+            .and_then(Value::as_bool);
+        let include_usage = if faults.usage_if_asked {
+            asked == Some(true)
+        } else {
+            asked != Some(false)
+        };
         let inputs = match req.get("input") {
             Some(Value::Array(a)) => a.len().max(1),
             _ => 1,
         };
         let tool_calls = tool_calls(endpoint, req, faults.tool_calls);
         // Tool calls come alone unless the text was asked for before them.
-        let text_pieces = if tool_calls.is_empty() || faults.tool_text {
+        let mut text_pieces = if tool_calls.is_empty() || faults.tool_text {
             chunks
         } else {
             0
         };
+        let (word, piece_tokens): (Option<&'static str>, u64) = match faults.piece_bytes {
+            Some(n) => (
+                std::str::from_utf8(&FILL[..n.min(FILL.len())]).ok(),
+                (n as u64 / 4).max(1),
+            ),
+            None => (None, 1),
+        };
+        let limit = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+            .iter()
+            .find_map(|f| req.get(*f).and_then(Value::as_u64));
+        let mut cut_at_limit = false;
+        if let (true, Some(limit)) = (faults.obey_limit, limit) {
+            let fits = usize::try_from(limit / piece_tokens).unwrap_or(usize::MAX);
+            cut_at_limit = fits < text_pieces;
+            text_pieces = text_pieces.min(fits);
+        }
         Exchange {
             endpoint,
             model,
@@ -190,7 +217,11 @@ impl Exchange {
             cache_write_tokens: faults
                 .cache_write_tokens
                 .min(prompt_tokens.saturating_sub(faults.cached_tokens)),
-            pieces: (0..text_pieces).map(|i| WORDS[i % WORDS.len()]).collect(),
+            pieces: (0..text_pieces)
+                .map(|i| word.unwrap_or(WORDS[i % WORDS.len()]))
+                .collect(),
+            piece_tokens,
+            cut_at_limit,
             include_usage,
             inputs,
             tool_calls,
@@ -204,12 +235,14 @@ impl Exchange {
     /// A token per text piece and per streamed piece of arguments.
     fn completion_tokens(&self) -> u64 {
         let args: usize = self.tool_calls.iter().map(|c| c.pieces().len()).sum();
-        (self.pieces.len() + args) as u64
+        self.pieces.len() as u64 * self.piece_tokens + args as u64
     }
 
     /// OpenAI's `finish_reason` / Anthropic's `stop_reason`.
     fn finish(&self) -> (&'static str, &'static str) {
-        if self.tool_calls.is_empty() {
+        if self.cut_at_limit {
+            ("length", "max_tokens")
+        } else if self.tool_calls.is_empty() {
             ("stop", "end_turn")
         } else {
             ("tool_calls", "tool_use")

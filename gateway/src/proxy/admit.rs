@@ -694,10 +694,15 @@ pub async fn linger(session: &mut Session) {
 }
 
 /// Gives back what a request took on its limits when a later check refused
-/// it: the token reservations settle at zero (nothing was spent), the
-/// in-flight slots are freed.
+/// it: the token and money reservations settle at zero (nothing was
+/// sent, nothing spent), the in-flight slots are freed.
 pub async fn release(env: &Env<'_>, taken: &LimitsTaken) {
-    let settle: Vec<(&str, u64)> = taken.settle_keys.iter().map(|k| (&**k, 0)).collect();
+    let settle: Vec<(&str, u64)> = taken
+        .settle_keys
+        .iter()
+        .chain(&taken.money_keys)
+        .map(|k| (&**k, 0))
+        .collect();
     if let Err(e) = env
         .store
         .finish(env.clock.now(), &taken.lease, &settle)

@@ -76,11 +76,19 @@ pub struct ModelPlan {
     /// The prompt's estimated tokens (what a cut stream is settled with:
     /// its usage never came).
     pub estimated_prompt: u64,
+    /// Output tokens the budgets reserved (all completions; none for
+    /// embeddings): what an answer whose usage cannot be read settles at,
+    /// unless the gateway relayed more.
+    pub reserved_output: u64,
     /// The body's output limit, written per attempt for its target.
     pub output: loopgate_policy::OutputLimit,
     /// An OpenAI agent's `stream_options.include_usage`, for a stream
     /// translated from Anthropic (`false` where nothing is translated).
     pub usage_chunk: bool,
+    /// A priced OpenAI-family stream whose agent did not ask for its
+    /// usage: each attempt of the agent's family asks for it, and the
+    /// usage chunk is dropped from what the agent receives.
+    pub ask_usage: bool,
     /// On a route of both API families, a body the other family cannot
     /// read faithfully (why): only targets of the agent's family serve it.
     pub native_only: Option<Arc<str>>,
@@ -219,6 +227,11 @@ pub struct RequestCtx {
     pub money_keys: Vec<Arc<str>>,
     /// Usage a large-body subrequest reported (its meter read it).
     pub reported_usage: Option<Usage>,
+    /// Output tokens a large-body subrequest's meter counted as relayed.
+    pub reported_relayed: u64,
+    /// A large-body subrequest reported what it did (without a report,
+    /// whether anything went upstream is unknown).
+    pub sub_reported: bool,
     /// Answered from an idempotency record, not forwarded.
     pub replayed: bool,
     /// MCP: what the access log and metrics record (also for refusals).
@@ -258,6 +271,8 @@ impl RequestCtx {
             settle_keys: Vec::new(),
             money_keys: Vec::new(),
             reported_usage: None,
+            reported_relayed: 0,
+            sub_reported: false,
             replayed: false,
             mcp_audit: None,
         }
@@ -271,6 +286,28 @@ impl RequestCtx {
             .as_ref()
             .and_then(|m| m.usage())
             .or(self.reported_usage)
+    }
+
+    /// Output tokens the gateway counted in the answer it relayed (its
+    /// own estimate, for an answer whose usage it could not read).
+    pub fn relayed_output(&self) -> u64 {
+        self.features
+            .usage
+            .as_ref()
+            .map_or(self.reported_relayed, |m| m.relayed_output())
+    }
+
+    /// No attempt's request ever went upstream (every connection failed,
+    /// every breaker was open, or the call ended before its first
+    /// attempt): nothing can have been spent. Unknown (a large body's
+    /// subrequest that did not report) counts as sent.
+    pub fn never_sent(&self) -> bool {
+        self.upstream_first_at.is_none()
+            && match self.role {
+                Role::Main => true,
+                Role::Forwarded => self.sub_reported,
+                Role::Sub { .. } => false,
+            }
     }
 
     /// What the answer cost, from the reported usage at the price of the
@@ -317,6 +354,8 @@ pub struct SubReport {
     pub upstream_time: Option<Duration>,
     pub attempts: u32,
     pub usage: Option<Usage>,
+    /// Output tokens its meter counted as relayed.
+    pub relayed: u64,
     pub breaker_key: Option<Arc<str>>,
     pub error_code: Option<&'static str>,
 }

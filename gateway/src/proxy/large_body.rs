@@ -130,6 +130,8 @@ pub async fn forward(
     // What the subrequest learned belongs to this request's log and limits.
     let sub = report.lock().ok().and_then(|mut r| r.take());
     if let Some(r) = sub {
+        ctx.sub_reported = true;
+        ctx.reported_relayed = r.relayed;
         ctx.served_by = r.served_by;
         ctx.sent_to = r.sent_to;
         ctx.fallback.from = r.fallback_from;
@@ -414,6 +416,7 @@ pub fn report(ctx: &RequestCtx) -> bool {
             }),
             attempts: ctx.fallback.attempts,
             usage: ctx.usage(),
+            relayed: ctx.relayed_output(),
             breaker_key: ctx.breaker_key.clone(),
             error_code: ctx.error_code,
         });

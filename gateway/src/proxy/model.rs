@@ -75,6 +75,12 @@ pub async fn judge(
         verdict,
     )?;
     let estimated_prompt = facts.estimated_prompt_tokens();
+    // Without its usage a stream settles on the gateway's own count; the
+    // provider's is exact, so a priced stream asks for it.
+    let ask_usage = facts.stream
+        && matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
+        && route.call_price(&facts.model).is_ok()
+        && loopgate_policy::rewrite::lacks_stream_usage(&body);
     let mut model_plan = ModelPlan {
         endpoint,
         model: facts.model,
@@ -83,8 +89,13 @@ pub async fn judge(
         budget_room: None,
         money_room: None,
         estimated_prompt,
+        reserved_output: match endpoint {
+            Endpoint::Embeddings => 0,
+            _ => plan.output_tokens,
+        },
         output: plan.output,
         usage_chunk: false,
+        ask_usage,
         native_only: None,
         translated: Translated::default(),
     };
@@ -539,8 +550,9 @@ pub async fn degrade(caller: &Caller<'_>, j: &mut Judged, to: &str) -> Result<bo
 /// The body attempt `target` of an admitted model call sends, when it
 /// differs from `base` (the judged body): for a target of the other
 /// family, its translation made at admission; otherwise the target's
-/// model name, and the output limit under the field the target reads,
-/// capped at its model's maximum (see `loopgate_policy::output`). `Err`
+/// model name, the output limit under the field the target reads,
+/// capped at its model's maximum (see `loopgate_policy::output`), and a
+/// stream's request for its usage ([`ModelPlan::ask_usage`]). `Err`
 /// when the body cannot be rewritten (it was judged a JSON object, so
 /// never in practice).
 pub fn attempt_body(
@@ -557,7 +569,14 @@ pub fn attempt_body(
             )),
         };
     }
-    Ok(agent_body(route, target, Sent::of(plan), base)?.map(Bytes::from))
+    let body = agent_body(route, target, Sent::of(plan), base)?;
+    if plan.ask_usage {
+        let asked = loopgate_policy::rewrite::with_stream_usage(body.as_deref().unwrap_or(base));
+        if let Some(asked) = asked {
+            return Ok(Some(Bytes::from(asked)));
+        }
+    }
+    Ok(body.map(Bytes::from))
 }
 
 /// The body `target` is sent in the agent's family, when it differs from

@@ -145,13 +145,13 @@ impl Gateway {
 }
 
 /// Returns what the request held on its limits, exactly once: settles the
-/// token estimate with the reported usage and frees the slot, in one store
-/// call (one round trip on Redis).
+/// reservations ([`settled_usage`]) and frees the slot, in one store call
+/// (one round trip on Redis).
 pub async fn settle_limits(env: &Env<'_>, ctx: &mut RequestCtx, now: Duration) {
     let Some(lease) = ctx.lease.take() else {
         return;
     };
-    let settle: Vec<(&str, u64)> = match ctx.usage() {
+    let settle: Vec<(&str, u64)> = match settled_usage(ctx) {
         Some(usage) => {
             let cost = spent_micros(ctx, &usage);
             let tokens = ctx.settle_keys.iter().map(|k| (&**k, usage.total()));
@@ -163,6 +163,32 @@ pub async fn settle_limits(env: &Env<'_>, ctx: &mut RequestCtx, now: Duration) {
     if let Err(err) = env.store.finish(now, &lease, &settle).await {
         log::warn!("request {}: {err}", ctx.request_id);
     }
+}
+
+/// What a call's budgets settle on (`None`: the reservation stands):
+/// - the usage the provider reported;
+/// - a model call none of whose requests went out (every connection
+///   failed, every breaker was open): nothing, it was never sent;
+/// - a model call answered with usage the gateway could not read (an
+///   OpenAI stream without it, a stream the agent left, a JSON answer past
+///   the usage reader's cap): never below what the gateway saw, the prompt
+///   estimate and the larger of the output reserved and the output it
+///   counted in what it relayed;
+/// - sent but never answered: the reservation.
+fn settled_usage(ctx: &RequestCtx) -> Option<loopgate_policy::Usage> {
+    if let Some(usage) = ctx.usage() {
+        return Some(usage);
+    }
+    let m = ctx.admitted.as_deref()?.model()?;
+    if ctx.never_sent() {
+        return Some(loopgate_policy::Usage::default());
+    }
+    ctx.served_by.as_ref()?;
+    Some(loopgate_policy::Usage {
+        input_tokens: m.estimated_prompt,
+        output_tokens: ctx.relayed_output().max(m.reserved_output),
+        ..loopgate_policy::Usage::default()
+    })
 }
 
 /// What `usage` cost, in micro-dollars, at the price of the target that

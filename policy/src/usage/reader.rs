@@ -333,6 +333,72 @@ impl Reader<'_> {
     }
 }
 
+/// Keys whose string values carry generated output in an answer: OpenAI
+/// chat `content`, `refusal`, `reasoning_content` and tool calls'
+/// `arguments`, completions' `text`, Anthropic's `text`, `partial_json`
+/// and `thinking` deltas, and the Responses API's string `delta`.
+const OUTPUT_KEYS: [&[u8]; 8] = [
+    b"content",
+    b"text",
+    b"delta",
+    b"arguments",
+    b"partial_json",
+    b"thinking",
+    b"refusal",
+    b"reasoning_content",
+];
+
+/// Bytes of generated text in one JSON document (an SSE event's data, or
+/// a whole answer): the string values of [`OUTPUT_KEYS`], as written
+/// (an escape counts its bytes, so the count errs high, never low). One
+/// pass that skips everything but strings; not validated.
+pub(crate) fn output_text_bytes(doc: &[u8]) -> u64 {
+    let mut total = 0u64;
+    let mut at = 0;
+    while let Some(q) = doc.get(at..).and_then(|r| memchr::memchr(b'"', r)) {
+        let start = at + q + 1;
+        let Some(end) = string_end(doc, start) else {
+            break;
+        };
+        let after = skip_space(doc, end + 1);
+        if doc.get(after) != Some(&b':') {
+            // A value (or an array's element): not after an output key.
+            at = end + 1;
+            continue;
+        }
+        let value = skip_space(doc, after + 1);
+        at = value;
+        if doc.get(value) == Some(&b'"') && OUTPUT_KEYS.contains(&&doc[start..end]) {
+            let Some(value_end) = string_end(doc, value + 1) else {
+                break;
+            };
+            total = total.saturating_add((value_end - value - 1) as u64);
+            at = value_end + 1;
+        }
+    }
+    total
+}
+
+/// The index of the quote that closes the string whose text starts at `from`.
+fn string_end(doc: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    loop {
+        let hit = at + find_quote_or_backslash(doc.get(at..)?)?;
+        if doc[hit] == b'"' {
+            return Some(hit);
+        }
+        // An escape: its next byte is never the string's end.
+        at = hit + 2;
+    }
+}
+
+fn skip_space(doc: &[u8], mut at: usize) -> usize {
+    while doc.get(at).is_some_and(u8::is_ascii_whitespace) {
+        at += 1;
+    }
+    at
+}
+
 // Finding the next interesting byte eight bytes at a time (SWAR): a byte
 // loop cost ~20 instructions per byte of response (callgrind), which made
 // skipping as dear as parsing.

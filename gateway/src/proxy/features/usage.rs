@@ -1,13 +1,18 @@
 //! Usage metering on model calls: reads the provider's reported usage from
 //! the answer as it passes (JSON or SSE), for token metrics and limit
-//! settlement, and cuts a stream that outgrows its token budgets or the
-//! money its budgets have left with a proper error event (the overshoot is
-//! at most one upstream read).
+//! settlement; counts the output it relayed (what an answer whose usage
+//! cannot be read settles on, see `request::settled_usage`); drops the
+//! usage chunk the gateway asked for on the agent's behalf
+//! (`ModelPlan::ask_usage`) from the stream the agent receives; and cuts
+//! a stream that outgrows its token budgets or the money its budgets have
+//! left with a proper error event (the overshoot is at most one upstream
+//! read).
 
 use super::{Admission, Env, Feature};
 use crate::error::GatewayError;
 use crate::proxy::failure::{answer, BUDGET_CUT};
 use bytes::Bytes;
+use loopgate_policy::usage::UsageChunkDropper;
 use loopgate_policy::{Deny, DenyCode, Usage, UsageScanner};
 use pingora::http::ResponseHeader;
 
@@ -22,12 +27,26 @@ pub struct UsageMeter {
     prompt: u64,
     scanner: Option<UsageScanner>,
     usage: Option<Usage>,
+    /// Embeddings: the answer's numbers are no output to count.
+    counts_output: bool,
+    /// Bytes of generated text relayed so far.
+    relayed: u64,
+    /// The gateway asked for the stream's usage, the agent did not.
+    ask_usage: bool,
+    /// Armed for such a stream's event-stream answer.
+    dropper: Option<UsageChunkDropper>,
 }
 
 impl UsageMeter {
     /// What the provider reported (or, for a cut stream, what it produced).
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// Output tokens counted in what was relayed (an estimate, at the
+    /// prompt estimate's 4 bytes a token).
+    pub fn relayed_output(&self) -> u64 {
+        loopgate_policy::usage::estimate_tokens(self.relayed)
     }
 }
 
@@ -39,6 +58,10 @@ impl Feature for UsageMeter {
             prompt: m.estimated_prompt,
             scanner: None,
             usage: None,
+            counts_output: m.endpoint != loopgate_policy::Endpoint::Embeddings,
+            relayed: 0,
+            ask_usage: m.ask_usage,
+            dropper: None,
         })
     }
 
@@ -48,6 +71,40 @@ impl Feature for UsageMeter {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok());
         self.scanner = Some(UsageScanner::for_content_type(ct));
+        let sse = ct.is_some_and(|c| {
+            c.get(..17)
+                .is_some_and(|p| p.eq_ignore_ascii_case("text/event-stream"))
+        });
+        self.dropper = (self.ask_usage && sse).then(UsageChunkDropper::default);
+    }
+
+    async fn response_header(
+        &mut self,
+        _env: &Env<'_>,
+        _adm: &Admission,
+        resp: &mut ResponseHeader,
+    ) -> pingora::Result<()> {
+        if self.dropper.is_some() {
+            // One event fewer than the provider sent.
+            super::rewritten_length(resp)?;
+        }
+        Ok(())
+    }
+
+    fn response_body(
+        &mut self,
+        _adm: &Admission,
+        body: &mut Option<Bytes>,
+        end: bool,
+    ) -> pingora::Result<()> {
+        let Some(dropper) = self.dropper.as_mut() else {
+            return Ok(());
+        };
+        let chunk = body.as_deref().unwrap_or_default();
+        if let Some(out) = dropper.filter(chunk, end) {
+            *body = Some(Bytes::from(out));
+        }
+        Ok(())
     }
 
     fn upstream_body(
@@ -63,7 +120,16 @@ impl Feature for UsageMeter {
         if let Some(b) = body {
             scanner.feed(b);
         }
-        let produced = scanner.events();
+        if end {
+            self.usage = scanner.finish();
+        }
+        if self.counts_output {
+            self.relayed = scanner.relayed_text_bytes();
+        }
+        // About a token an event, or the text's count where it says more.
+        let produced = scanner
+            .events()
+            .max(loopgate_policy::usage::estimate_tokens(self.relayed));
         let over = |room: Option<u64>| room.filter(|r| !end && produced > *r);
         let cut = match (over(self.room), over(self.money_room)) {
             (Some(room), _) => Some((room, "token budget")),
@@ -93,7 +159,6 @@ impl Feature for UsageMeter {
             return Err(answer(BUDGET_CUT, GatewayError::Denied(deny)));
         }
         if end {
-            self.usage = scanner.finish();
             self.scanner = None;
         }
         Ok(())
