@@ -197,10 +197,24 @@ fn every_denial_is_structured_and_sends_nothing_upstream() {
         mock.requests()
     );
 
-    // A model the agent may use but no route serves.
-    let yaml = default_config(&mock).replace(
+    // A model the agent may use but no route serves: a name only a
+    // wildcard grant reaches (a grant no route serves at all is refused
+    // by `loopgate check`).
+    let unrouted = default_config(&mock).replace(
         "models: [gpt-4o-mini, text-embedding",
         "models: [gpt-4o-mini, o3, text-embedding",
+    );
+    let path = scratch_dir("denials").join("gateway.yaml");
+    std::fs::write(&path, unrouted.replace("{PORT}", "0")).unwrap();
+    let (code, stderr) = check_config(&path);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("agents.tester.models[1]: no route serves `o3`"),
+        "{stderr}"
+    );
+    let yaml = default_config(&mock).replace(
+        "models: [gpt-4o-mini, text-embedding",
+        "models: [\"gpt-4o*\", text-embedding",
     );
     let gw = Gateway::start(&yaml);
     let r = curl(&[
@@ -208,7 +222,7 @@ fn every_denial_is_structured_and_sends_nothing_upstream() {
         "-H",
         &key,
         "-d",
-        r#"{"model":"o3","messages":[]}"#,
+        r#"{"model":"gpt-4o-2024-08-06","messages":[]}"#,
     ]);
     r.assert_gateway_error(404, "unknown_model");
     assert!(mock.requests().is_empty());

@@ -38,11 +38,18 @@ models:
 agents:
   tester:
     key_sha256: "{key}"
-    models: [priced, embed-priced, claude-translated, flaky]
+    models: [priced, embed-priced, claude-translated{flaky}]
     loop_guard: {{ enabled: false }}
     budgets: {{ {agent} }}
 "#,
         key = sha256_hex(AGENT_KEY.as_bytes()),
+        // Only a config that routes it may grant it (`loopgate check`
+        // refuses an agent model no route serves).
+        flaky = if extra_routes.contains("flaky") {
+            ", flaky"
+        } else {
+            ""
+        },
     )
 }
 

@@ -9,10 +9,11 @@
 
 use loopgate_policy::{Deny, DenyCode};
 
-/// The longest `Retry-After` the openai and anthropic SDKs wait out; a
-/// longer one they ignore and retry after their own short back-off, which
-/// only meets the same refusal again.
-pub const MAX_HONOURED_RETRY_AFTER_SECS: u64 = 60;
+/// A refusal that clears only after longer than this (a day's budget) is
+/// not worth a client's own retry. Rate limits (a minute's window, whose
+/// `Retry-After` may round up past the 60 s the openai and anthropic SDKs
+/// wait out) stay retryable.
+pub const LONG_WAIT_SECS: u64 = 300;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GatewayError {
@@ -148,14 +149,10 @@ impl GatewayError {
     /// Whether a client's own retry (the official SDKs retry 408, 409, 429
     /// and 5xx by themselves, waiting out `Retry-After`) can succeed soon
     /// enough to be worth it: a refusal that waiting cannot fix, or one
-    /// that clears only after longer than a client waits on `Retry-After`
-    /// ([`MAX_HONOURED_RETRY_AFTER_SECS`]; a day's budget), is answered
-    /// with `x-should-retry: false`, which those SDKs obey.
+    /// that clears only after [`LONG_WAIT_SECS`] (a day's budget), is
+    /// answered with `x-should-retry: false`, which those SDKs obey.
     pub fn worth_retrying(&self) -> bool {
-        self.retryable()
-            && self
-                .retry_after_secs()
-                .is_none_or(|s| s <= MAX_HONOURED_RETRY_AFTER_SECS)
+        self.retryable() && self.retry_after_secs().is_none_or(|s| s <= LONG_WAIT_SECS)
     }
 
     pub fn retryable(&self) -> bool {
@@ -239,7 +236,7 @@ mod tests {
             .retry_after(Duration::from_secs(30))
             .never_retryable();
         let day = Deny::new(DenyCode::BudgetExceeded, "x").retry_after(Duration::from_secs(86_000));
-        let minute = Deny::new(DenyCode::RateLimited, "x").retry_after(Duration::from_secs(2));
+        let minute = Deny::new(DenyCode::RateLimited, "x").retry_after(Duration::from_secs(61));
         for (e, worth) in [
             (GatewayError::Denied(loop_deny), false),
             (
