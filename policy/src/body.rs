@@ -17,8 +17,22 @@
 //! schemas, `metadata`; there is no list of text fields to fall behind the
 //! providers. Strings are scanned after JSON unescaping (`\u0069gnore` is
 //! `ignore`) and after [`crate::normalize`] (NFKC, case folding, invisible
-//! characters removed, whitespace collapsed). [`BodyFacts::text_bytes`]
-//! counts the bytes of those string values (keys excluded).
+//! characters removed, whitespace collapsed).
+//!
+//! # Prompt estimate
+//!
+//! The same pass counts what the budgets reserve for the prompt
+//! ([`BodyFacts::estimated_prompt_tokens`]): every token-bearing part, not
+//! only string values. [`BodyFacts::text_bytes`] is the bytes of every
+//! string value scanned and every key below the top level (a tool
+//! schema's property names are read by the model as much as its
+//! descriptions); [`BodyFacts::counted_tokens`] the parts counted as
+//! tokens directly: a number inside a container at one token per three
+//! digits (tokenizers split digit runs in threes), a fraction at three, a
+//! `true`, `false` or `null` at one, and an integer under `input` or
+//! `prompt` (embeddings' and completions' token ids, an array or arrays
+//! of them) at exactly one. Top-level scalars (`max_tokens`,
+//! `temperature`) are settings, not prompt, and are not counted.
 //!
 //! # Depth
 //!
@@ -145,17 +159,25 @@ pub struct BodyFacts {
     /// Completions asked for: the largest of `n` and `best_of` (at least 1);
     /// `None` when the body sets neither.
     pub n: Option<u64>,
-    /// Bytes of every string value scanned (all but `model`).
+    /// Bytes of every string value scanned (all but `model`) and of every
+    /// key below the top level.
     pub text_bytes: usize,
+    /// Tokens counted directly rather than from text: numbers, literals
+    /// and token ids inside containers (see the module docs).
+    pub counted_tokens: u64,
     /// The first blocked phrase found in that text (index into the matcher).
     pub blocked_phrase: Option<usize>,
 }
 
 impl BodyFacts {
-    /// A rough prompt size in tokens (4 bytes of text per token), used to
-    /// reserve rate-limit capacity before the provider reports real usage.
+    /// A rough prompt size in tokens (4 bytes of text per token, plus the
+    /// tokens counted directly), used to reserve budgets and rate-limit
+    /// capacity before the provider reports real usage.
     pub fn estimated_prompt_tokens(&self) -> u64 {
-        (self.text_bytes as u64).div_ceil(4).max(1)
+        (self.text_bytes as u64)
+            .div_ceil(4)
+            .saturating_add(self.counted_tokens)
+            .max(1)
     }
 
     /// Completions the request asks for (1 unless `n` / `best_of` say more).
@@ -223,6 +245,7 @@ pub fn inspect_body_with<'a, S: TokenSink + ?Sized>(
     let mut walk = Walk {
         scan: TextScan::new(phrases, body.len()),
         fail: None,
+        ids: false,
         sink,
     };
     let raw = {
@@ -383,6 +406,7 @@ pub fn inspect_body_with<'a, S: TokenSink + ?Sized>(
         max_tokens_field: endpoint.max_tokens_field().map(|f| null_field.unwrap_or(f)),
         n,
         text_bytes: walk.scan.bytes,
+        counted_tokens: walk.scan.tokens,
         blocked_phrase,
     })
 }
@@ -696,6 +720,8 @@ fn choice_map(at: &str, f: &Fields, declared: &[Declared], top: bool) -> Result<
 struct Walk<'m, S: TokenSink + ?Sized> {
     scan: TextScan<'m>,
     fail: Option<Deny>,
+    /// Inside top-level `input` or `prompt`, where integers are token ids.
+    ids: bool,
     /// Takes every token as the walk reads it.
     sink: &'m mut S,
 }
@@ -704,6 +730,27 @@ impl<S: TokenSink + ?Sized> Walk<'_, S> {
     #[inline(always)]
     fn token(&mut self, t: Token<'_>) {
         self.sink.token(t);
+    }
+
+    /// A scalar other than a string read at `depth` (2: a top-level
+    /// value, a setting, not counted), worth `tokens` in the prompt.
+    #[inline(always)]
+    fn scalar(&mut self, depth: usize, tokens: u64) {
+        if depth > 2 || self.ids {
+            self.scan.tokens = self.scan.tokens.saturating_add(tokens);
+        }
+    }
+
+    /// An integer of `digits` decimal digits at `depth`: a token id (one
+    /// token) under `input` or `prompt`, else a token per three digits.
+    #[inline(always)]
+    fn integer(&mut self, depth: usize, digits: u32) {
+        let tokens = if self.ids {
+            1
+        } else {
+            u64::from(digits.div_ceil(3))
+        };
+        self.scalar(depth, tokens);
     }
 
     fn refuse<E: de::Error>(&mut self, code: DenyCode, msg: String) -> E {
@@ -757,6 +804,8 @@ struct RawFacts {
 struct TextScan<'m> {
     search: Option<PhraseSearch<'m>>,
     bytes: usize,
+    /// Prompt tokens counted directly (numbers, literals, token ids).
+    tokens: u64,
 }
 
 impl TextScan<'_> {
@@ -764,12 +813,14 @@ impl TextScan<'_> {
         TextScan {
             search: matcher.map(|m| PhraseSearch::new(m, hint)),
             bytes: 0,
+            tokens: 0,
         }
     }
 
-    /// Counts `s` as text and searches it.
+    /// Counts `s` as text and searches it (a string value, or a key below
+    /// the top level).
     fn text(&mut self, s: &str) {
-        self.bytes += s.len();
+        self.bytes = self.bytes.saturating_add(s.len());
         self.scan(s);
     }
 
@@ -784,6 +835,15 @@ impl TextScan<'_> {
     fn finish(&mut self) -> Option<usize> {
         self.search.as_mut().and_then(|s| s.finish())
     }
+}
+
+/// What a number with a fraction counts as in the prompt estimate
+/// (`0.25` is `0`, `.`, `25` to a BPE tokenizer).
+const FRACTION_TOKENS: u64 = 3;
+
+/// The decimal digits of `n`, its sign as one more.
+fn i64_digits(n: i64) -> u32 {
+    n.unsigned_abs().checked_ilog10().unwrap_or(0) + 1 + u32::from(n < 0)
 }
 
 /// How long a string the tests make to cross a search window.
@@ -846,7 +906,12 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for FactsVisitor<'_, '_, S> {
                         return Err(dup(walk, name));
                     }
                     facts.text_fields |= bit;
-                    let v = map.next_value_seed(Val::new(walk, depth, Strs::Scan))?;
+                    // Integers under these are token ids (embeddings,
+                    // completions): one token each.
+                    walk.ids = matches!(name, "input" | "prompt");
+                    let v = map.next_value_seed(Val::new(walk, depth, Strs::Scan));
+                    walk.ids = false;
+                    let v = v?;
                     if name == "prompt" {
                         facts.prompt = Some(v);
                     }
@@ -1117,22 +1182,28 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for Val<'_, '_, S> {
     }
     fn visit_bool<E: de::Error>(self, b: bool) -> Result<Kind, E> {
         self.walk.token(Token::Bool(b));
+        self.walk.scalar(self.depth, 1);
         Ok(Kind::Bool(b))
     }
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<Kind, E> {
         self.walk.token(Token::I64(n));
+        self.walk.integer(self.depth, i64_digits(n));
         Ok(Kind::Number(u64::try_from(n).ok()))
     }
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Kind, E> {
         self.walk.token(Token::U64(n));
+        self.walk
+            .integer(self.depth, n.checked_ilog10().unwrap_or(0) + 1);
         Ok(Kind::Number(Some(n)))
     }
     fn visit_f64<E: de::Error>(self, n: f64) -> Result<Kind, E> {
         self.walk.token(Token::F64(n));
+        self.walk.scalar(self.depth, FRACTION_TOKENS);
         Ok(Kind::Number(None))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Kind, E> {
         self.walk.token(Token::Null);
+        self.walk.scalar(self.depth, 1);
         Ok(Kind::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Kind, A::Error> {
@@ -1159,7 +1230,7 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for Val<'_, '_, S> {
     }
 }
 
-/// A key below the top level: searched, not counted as text.
+/// A key below the top level: searched, and counted as text.
 struct ScanKey<'a, 'm, S: TokenSink + ?Sized>(&'a mut Walk<'m, S>);
 
 impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for ScanKey<'_, '_, S> {
@@ -1178,7 +1249,7 @@ impl<S: TokenSink + ?Sized> Visitor<'_> for ScanKey<'_, '_, S> {
     #[inline]
     fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
         self.0.token(Token::Key(s));
-        self.0.scan.scan(s);
+        self.0.scan.text(s);
         Ok(())
     }
 }
@@ -1264,23 +1335,23 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ObjSeed<'_, '_, S> {
         Ok(Obj::Str(s.to_string()))
     }
     fn visit_bool<E: de::Error>(self, b: bool) -> Result<Obj, E> {
-        self.walk.token(Token::Bool(b));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_bool::<E>(b)?;
         Ok(Obj::Other("a boolean"))
     }
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<Obj, E> {
-        self.walk.token(Token::I64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_i64::<E>(n)?;
         Ok(Obj::Other("a number"))
     }
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Obj, E> {
-        self.walk.token(Token::U64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_u64::<E>(n)?;
         Ok(Obj::Other("a number"))
     }
     fn visit_f64<E: de::Error>(self, n: f64) -> Result<Obj, E> {
-        self.walk.token(Token::F64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_f64::<E>(n)?;
         Ok(Obj::Other("a number"))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Obj, E> {
-        self.walk.token(Token::Null);
+        Val::new(self.walk, self.depth, Strs::Scan).visit_unit::<E>()?;
         Ok(Obj::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Obj, A::Error> {
@@ -1296,7 +1367,7 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ObjSeed<'_, '_, S> {
         walk.token(Token::ObjectStart);
         while let Some(key) = map.next_key::<String>()? {
             walk.token(Token::Key(&key));
-            walk.scan.scan(&key);
+            walk.scan.text(&key);
             let kind_slot = match key.as_str() {
                 "type" if tool => Some(&mut f.ty),
                 "name" if self.ctx != Ctx::Allowed => Some(&mut f.name),
@@ -1386,23 +1457,23 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ListSeed<'_, '_, S> {
         Ok(List::Other("a string"))
     }
     fn visit_bool<E: de::Error>(self, b: bool) -> Result<List, E> {
-        self.walk.token(Token::Bool(b));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_bool::<E>(b)?;
         Ok(List::Other("a boolean"))
     }
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<List, E> {
-        self.walk.token(Token::I64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_i64::<E>(n)?;
         Ok(List::Other("a number"))
     }
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<List, E> {
-        self.walk.token(Token::U64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_u64::<E>(n)?;
         Ok(List::Other("a number"))
     }
     fn visit_f64<E: de::Error>(self, n: f64) -> Result<List, E> {
-        self.walk.token(Token::F64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_f64::<E>(n)?;
         Ok(List::Other("a number"))
     }
     fn visit_unit<E: de::Error>(self) -> Result<List, E> {
-        self.walk.token(Token::Null);
+        Val::new(self.walk, self.depth, Strs::Scan).visit_unit::<E>()?;
         Ok(List::Null)
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<List, A::Error> {
@@ -1439,7 +1510,13 @@ mod tests {
         assert_eq!(f.model, "gpt-4o");
         assert!(f.stream);
         assert_eq!(f.messages, Some(2));
-        assert_eq!(f.text_bytes, "user".len() + "hi".len());
+        // Keys below the top level are text; the numbers in `x` count a
+        // token each.
+        assert_eq!(
+            f.text_bytes,
+            "role".len() + "user".len() + "content".len() + "hi".len() + "y".len()
+        );
+        assert_eq!(f.counted_tokens, 2);
         let f = inspect_body(
             Endpoint::Embeddings,
             br#"{"model":"e","input":"xyz"}"#,
@@ -1449,6 +1526,57 @@ mod tests {
         assert_eq!(f.messages, None);
         assert_eq!(f.text_bytes, 3);
         assert!(!f.stream);
+    }
+
+    #[test]
+    fn the_estimate_counts_every_token_bearing_part() {
+        // A tool schema of hashed property names: the keys are the prompt
+        // (before: 6 tokens for 40 KB, the keys counting as nothing).
+        let props: Vec<String> = (0..560)
+            .map(|i| format!(r#""{:064x}":{{}}"#, i * 7919))
+            .collect();
+        let body = format!(
+            r#"{{"model":"m","max_tokens":10,"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","function":{{"name":"f","parameters":{{"type":"object","properties":{{{}}}}}}}}}]}}"#,
+            props.join(",")
+        );
+        let f = chat(&body).unwrap();
+        assert!(body.len() > 39_000, "{}", body.len());
+        let keys = 560 * 64 + "properties".len() + "parameters".len();
+        assert!(f.text_bytes > keys, "{}", f.text_bytes);
+        assert!(f.estimated_prompt_tokens() > 560 * 16, "{f:?}");
+        // Token ids under `input` (embeddings) or `prompt` (completions):
+        // exactly one token each, arrays of arrays summed; top-level
+        // settings count nothing.
+        let ids: Vec<String> = (0..80_000).map(|i| (100_000 + i).to_string()).collect();
+        let flat = format!(r#"{{"model":"e","input":[{}]}}"#, ids.join(","));
+        let f = inspect_body(Endpoint::Embeddings, flat.as_bytes(), None).unwrap();
+        assert_eq!(
+            (f.text_bytes, f.counted_tokens, f.estimated_prompt_tokens()),
+            (0, 80_000, 80_000)
+        );
+        let nested = format!(
+            r#"{{"model":"c","prompt":[[{}],[{}]],"max_tokens":5,"temperature":0.5,"echo":false}}"#,
+            ids[..30_000].join(","),
+            ids[30_000..].join(",")
+        );
+        let f = inspect_body(Endpoint::Completions, nested.as_bytes(), None).unwrap();
+        assert_eq!(f.estimated_prompt_tokens(), 80_000);
+        let one = inspect_body(Endpoint::Embeddings, br#"{"model":"e","input":7}"#, None);
+        assert_eq!(one.unwrap().estimated_prompt_tokens(), 1);
+        // Elsewhere a number is a token per three digits (a sign one
+        // more), a fraction three, a literal one.
+        let f = chat(
+            r#"{"model":"m","messages":[],"metadata":{"n":[1,1234,-5,123456789012,0.25,true,null]}}"#,
+        )
+        .unwrap();
+        assert_eq!(f.counted_tokens, 1 + 2 + 1 + 4 + 3 + 1 + 1);
+        assert_eq!(f.text_bytes, 1);
+        // In tool objects too, however they are read.
+        let f = chat(
+            r#"{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer","minimum":100,"enum":[1,2,3]}}}}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(f.counted_tokens, 1 + 3);
     }
 
     #[test]
@@ -2307,7 +2435,8 @@ mod tests {
         );
         let f = chat(&body).unwrap();
         assert_eq!(f.messages, Some(3000));
-        assert_eq!(f.estimated_prompt_tokens(), (3000 * 1004 / 4) as u64);
+        // `role`, `user`, `content` and the text: 1015 bytes a message.
+        assert_eq!(f.estimated_prompt_tokens(), (3000 * 1015u64).div_ceil(4));
     }
 
     #[test]
