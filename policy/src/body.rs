@@ -24,9 +24,17 @@
 //! The same pass counts what the budgets reserve for the prompt
 //! ([`BodyFacts::estimated_prompt_tokens`]): every token-bearing part, not
 //! only string values. [`BodyFacts::text_bytes`] is the bytes of every
-//! string value scanned and every key below the top level (a tool
-//! schema's property names are read by the model as much as its
-//! descriptions); [`BodyFacts::counted_tokens`] the parts counted as
+//! string value scanned, at 4 bytes a token; [`BodyFacts::key_bytes`] of
+//! every key of an object nested below a top-level field's items (a
+//! message's content parts, a tool's function and its schema: a schema's
+//! property names are read by the model as much as its descriptions), at
+//! 3 bytes a token: keys are short words and identifiers, and generated
+//! ones (hashed property names: hex tokenizes at about 2 bytes a token)
+//! would otherwise be undercounted by half. The keys of a message or tool
+//! object itself (`role`, `content`, `type`, `function`) are the chat
+//! format's framing, which providers write with tokens of their own, and
+//! of a top-level object (`metadata`) not prompt: neither is counted.
+//! [`BodyFacts::counted_tokens`] is the parts counted as
 //! tokens directly: a number inside a container at one token per three
 //! digits (tokenizers split digit runs in threes), a fraction at three, a
 //! `true`, `false` or `null` at one, and an integer under `input` or
@@ -159,9 +167,11 @@ pub struct BodyFacts {
     /// Completions asked for: the largest of `n` and `best_of` (at least 1);
     /// `None` when the body sets neither.
     pub n: Option<u64>,
-    /// Bytes of every string value scanned (all but `model`) and of every
-    /// key below the top level.
+    /// Bytes of every string value scanned (all but `model`).
     pub text_bytes: usize,
+    /// Bytes of every key of an object nested below a top-level field's
+    /// items (see the module docs).
+    pub key_bytes: usize,
     /// Tokens counted directly rather than from text: numbers, literals
     /// and token ids inside containers (see the module docs).
     pub counted_tokens: u64,
@@ -170,12 +180,13 @@ pub struct BodyFacts {
 }
 
 impl BodyFacts {
-    /// A rough prompt size in tokens (4 bytes of text per token, plus the
-    /// tokens counted directly), used to reserve budgets and rate-limit
-    /// capacity before the provider reports real usage.
+    /// A rough prompt size in tokens (4 bytes of text or 3 of keys per
+    /// token, plus the tokens counted directly), used to reserve budgets
+    /// and rate-limit capacity before the provider reports real usage.
     pub fn estimated_prompt_tokens(&self) -> u64 {
         (self.text_bytes as u64)
             .div_ceil(4)
+            .saturating_add((self.key_bytes as u64).div_ceil(3))
             .saturating_add(self.counted_tokens)
             .max(1)
     }
@@ -406,6 +417,7 @@ pub fn inspect_body_with<'a, S: TokenSink + ?Sized>(
         max_tokens_field: endpoint.max_tokens_field().map(|f| null_field.unwrap_or(f)),
         n,
         text_bytes: walk.scan.bytes,
+        key_bytes: walk.scan.key_bytes,
         counted_tokens: walk.scan.tokens,
         blocked_phrase,
     })
@@ -804,6 +816,8 @@ struct RawFacts {
 struct TextScan<'m> {
     search: Option<PhraseSearch<'m>>,
     bytes: usize,
+    /// Bytes of keys that count (see [`BodyFacts::key_bytes`]).
+    key_bytes: usize,
     /// Prompt tokens counted directly (numbers, literals, token ids).
     tokens: u64,
 }
@@ -813,14 +827,24 @@ impl TextScan<'_> {
         TextScan {
             search: matcher.map(|m| PhraseSearch::new(m, hint)),
             bytes: 0,
+            key_bytes: 0,
             tokens: 0,
         }
     }
 
-    /// Counts `s` as text and searches it (a string value, or a key below
-    /// the top level).
+    /// Counts `s` as text and searches it.
     fn text(&mut self, s: &str) {
         self.bytes = self.bytes.saturating_add(s.len());
+        self.scan(s);
+    }
+
+    /// Searches key `s` of an object at `depth`, and counts it when the
+    /// object is nested below a top-level field's items (depth 4 on: the
+    /// top-level object is 1, a field's array 2, its items 3).
+    fn key(&mut self, s: &str, depth: usize) {
+        if depth > 3 {
+            self.key_bytes = self.key_bytes.saturating_add(s.len());
+        }
         self.scan(s);
     }
 
@@ -1222,7 +1246,7 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for Val<'_, '_, S> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Kind, A::Error> {
         self.walk.enter(self.depth)?;
         self.walk.token(Token::ObjectStart);
-        while map.next_key_seed(ScanKey(self.walk))?.is_some() {
+        while map.next_key_seed(ScanKey(self.walk, self.depth))?.is_some() {
             map.next_value_seed(Val::new(self.walk, self.depth + 1, Strs::Scan))?;
         }
         self.walk.token(Token::ObjectEnd);
@@ -1230,8 +1254,9 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for Val<'_, '_, S> {
     }
 }
 
-/// A key below the top level: searched, and counted as text.
-struct ScanKey<'a, 'm, S: TokenSink + ?Sized>(&'a mut Walk<'m, S>);
+/// A key below the top level, of an object at the depth it holds:
+/// searched, and counted where keys count ([`TextScan::key`]).
+struct ScanKey<'a, 'm, S: TokenSink + ?Sized>(&'a mut Walk<'m, S>, usize);
 
 impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for ScanKey<'_, '_, S> {
     type Value = ();
@@ -1249,7 +1274,7 @@ impl<S: TokenSink + ?Sized> Visitor<'_> for ScanKey<'_, '_, S> {
     #[inline]
     fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
         self.0.token(Token::Key(s));
-        self.0.scan.text(s);
+        self.0.scan.key(s, self.1);
         Ok(())
     }
 }
@@ -1367,7 +1392,7 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ObjSeed<'_, '_, S> {
         walk.token(Token::ObjectStart);
         while let Some(key) = map.next_key::<String>()? {
             walk.token(Token::Key(&key));
-            walk.scan.text(&key);
+            walk.scan.key(&key, self.depth);
             let kind_slot = match key.as_str() {
                 "type" if tool => Some(&mut f.ty),
                 "name" if self.ctx != Ctx::Allowed => Some(&mut f.name),
@@ -1510,13 +1535,15 @@ mod tests {
         assert_eq!(f.model, "gpt-4o");
         assert!(f.stream);
         assert_eq!(f.messages, Some(2));
-        // Keys below the top level are text; the numbers in `x` count a
-        // token each.
-        assert_eq!(
-            f.text_bytes,
-            "role".len() + "user".len() + "content".len() + "hi".len() + "y".len()
-        );
+        // A message's own keys and a top-level object's are not counted;
+        // the numbers in `x` count a token each.
+        assert_eq!(f.text_bytes, "user".len() + "hi".len());
+        assert_eq!(f.key_bytes, 0);
         assert_eq!(f.counted_tokens, 2);
+        assert_eq!(f.estimated_prompt_tokens(), 2 + 2);
+        // Keys inside a message's content and a tool's function count.
+        let f = chat(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"tools":[{"type":"function","function":{"name":"f"}}]}"#).unwrap();
+        assert_eq!(f.key_bytes, "type".len() + "text".len() + "name".len());
         let f = inspect_body(
             Endpoint::Embeddings,
             br#"{"model":"e","input":"xyz"}"#,
@@ -1542,18 +1569,16 @@ mod tests {
         let f = chat(&body).unwrap();
         assert!(body.len() > 39_000, "{}", body.len());
         let keys = 560 * 64 + "properties".len() + "parameters".len();
-        assert!(f.text_bytes > keys, "{}", f.text_bytes);
-        assert!(f.estimated_prompt_tokens() > 560 * 16, "{f:?}");
+        assert!(f.key_bytes > keys, "{}", f.key_bytes);
+        assert!(f.estimated_prompt_tokens() > 560 * 64 / 3, "{f:?}");
         // Token ids under `input` (embeddings) or `prompt` (completions):
         // exactly one token each, arrays of arrays summed; top-level
         // settings count nothing.
         let ids: Vec<String> = (0..80_000).map(|i| (100_000 + i).to_string()).collect();
         let flat = format!(r#"{{"model":"e","input":[{}]}}"#, ids.join(","));
         let f = inspect_body(Endpoint::Embeddings, flat.as_bytes(), None).unwrap();
-        assert_eq!(
-            (f.text_bytes, f.counted_tokens, f.estimated_prompt_tokens()),
-            (0, 80_000, 80_000)
-        );
+        assert_eq!((f.text_bytes + f.key_bytes, f.counted_tokens), (0, 80_000));
+        assert_eq!(f.estimated_prompt_tokens(), 80_000);
         let nested = format!(
             r#"{{"model":"c","prompt":[[{}],[{}]],"max_tokens":5,"temperature":0.5,"echo":false}}"#,
             ids[..30_000].join(","),
@@ -1570,7 +1595,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.counted_tokens, 1 + 2 + 1 + 4 + 3 + 1 + 1);
-        assert_eq!(f.text_bytes, 1);
+        assert_eq!((f.text_bytes, f.key_bytes), (0, 0));
         // In tool objects too, however they are read.
         let f = chat(
             r#"{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer","minimum":100,"enum":[1,2,3]}}}}}]}"#,
@@ -2435,8 +2460,8 @@ mod tests {
         );
         let f = chat(&body).unwrap();
         assert_eq!(f.messages, Some(3000));
-        // `role`, `user`, `content` and the text: 1015 bytes a message.
-        assert_eq!(f.estimated_prompt_tokens(), (3000 * 1015u64).div_ceil(4));
+        // `user` and the text: 1004 bytes a message.
+        assert_eq!(f.estimated_prompt_tokens(), (3000 * 1004u64).div_ceil(4));
     }
 
     #[test]

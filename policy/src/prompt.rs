@@ -16,13 +16,12 @@
 //! detail settings the provider applies).
 //!
 //! Other families (Anthropic, local models) are estimated: one token per
-//! 4 bytes of the body's text, keys below the top level included, plus
-//! numbers and token ids counted as tokens
-//! ([`crate::BodyFacts::estimated_prompt_tokens`]), the usual rule of
-//! thumb for English. Against a real count (`benches/estimate.rs`) it
-//! undercounts JSON of hex digests by up to ~40% and overcounts
-//! multi-byte scripts; an undercount lets the provider refuse instead (a
-//! false refusal here would be worse).
+//! 4 bytes of the body's text (the usual rule of thumb for English) and
+//! per 3 bytes of the keys of nested objects, plus numbers and token ids
+//! counted as tokens ([`crate::BodyFacts::estimated_prompt_tokens`]).
+//! Against a real count (`benches/estimate.rs`) it undercounts JSON of hex
+//! digests by up to ~40% and overcounts multi-byte scripts; an undercount
+//! lets the provider refuse instead (a false refusal here would be worse).
 //!
 //! The tokenizer is not cheap (about 17-20 us per KB of prompt, see the
 //! `pricing_and_counting` bench),
