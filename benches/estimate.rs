@@ -10,12 +10,17 @@
 //! source code (Rust files of the gateway), structured data (the lock
 //! file's packages as a JSON tool result) and six non-Latin languages.
 //! Each request is a chat completion of a system prompt, a user turn of
-//! about 0.5-4 KB of one kind and a short assistant turn.
+//! about 0.5-4 KB of one kind and a short assistant turn. Three kinds are
+//! not text in a turn: tool schemas whose properties are the lock file's
+//! packages (named by package, or by checksum as hashed keys), where the
+//! keys are most of the prompt, and completions whose `prompt` is token
+//! ids, where each id is one token.
 //!
 //! Run: cargo run --release -p loopgate-benches --bin estimate
 
 use loopgate_policy::prompt::count_prompt;
 use loopgate_policy::{inspect_body, Endpoint};
+use serde_json::{json, Value};
 
 const README: &str = include_str!("../README.md");
 const CODE: [&str; 3] = [
@@ -67,17 +72,36 @@ const SCRIPTS: [(&str, &str); 6] = [
 
 fn main() {
     let system = "You are a careful assistant for a platform team. Answer briefly.";
-    let mut kinds: Vec<(String, Vec<String>)> = vec![
-        ("English prose".into(), prose()),
-        ("Source code".into(), code()),
-        ("JSON tool result".into(), json_results(false)),
-        ("JSON, hex digests".into(), json_results(true)),
+    let chat = |turns: Vec<String>| -> Vec<(Endpoint, Value)> {
+        turns
+            .into_iter()
+            .map(|turn| {
+                let body = json!({
+                    "model": "gpt-4o",
+                    "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": turn},
+                        {"role": "assistant", "content": "Understood; checking now."},
+                    ],
+                });
+                (Endpoint::ChatCompletions, body)
+            })
+            .collect()
+    };
+    let mut kinds: Vec<(String, Vec<(Endpoint, Value)>)> = vec![
+        ("English prose".into(), chat(prose())),
+        ("Source code".into(), chat(code())),
+        ("JSON tool result".into(), chat(json_results(false))),
+        ("JSON, hex digests".into(), chat(json_results(true))),
     ];
     for (name, text) in SCRIPTS {
         // The same paragraph repeated to 0.5-2 KB, as a user turn.
         let turns = (1..=4).map(|n| text.repeat(n)).collect();
-        kinds.push((name.into(), turns));
+        kinds.push((name.into(), chat(turns)));
     }
+    kinds.push(("Tool schema".into(), tool_schemas(system, false)));
+    kinds.push(("Schema, hex keys".into(), tool_schemas(system, true)));
+    kinds.push(("Token ids".into(), token_ids()));
     println!(
         "{:<18} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9}",
         "kind", "requests", "estimate", "counted", "mean", "min", "max"
@@ -86,19 +110,11 @@ fn main() {
     for (name, turns) in &kinds {
         let mut ratios = Vec::new();
         let (mut est_sum, mut count_sum) = (0u64, 0u64);
-        for turn in turns {
-            let body = serde_json::to_vec(&serde_json::json!({
-                "model": "gpt-4o",
-                "messages": [
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": turn},
-                    {"role": "assistant", "content": "Understood; checking now."},
-                ],
-            }))
-            .expect("a JSON body");
-            let facts = inspect_body(Endpoint::ChatCompletions, &body, None).expect("a chat body");
+        for (endpoint, body) in turns {
+            let body = serde_json::to_vec(body).expect("a JSON body");
+            let facts = inspect_body(*endpoint, &body, None).expect("a body");
             let estimate = facts.estimated_prompt_tokens();
-            let (counted, _) = count_prompt(Endpoint::ChatCompletions, "gpt-4o", &body, estimate);
+            let (counted, _) = count_prompt(*endpoint, "gpt-4o", &body, estimate);
             ratios.push(estimate as f64 / counted as f64);
             est_sum += estimate;
             count_sum += counted;
@@ -196,6 +212,76 @@ fn json_results(digests: bool) -> Vec<String> {
     packages
         .chunks(24)
         .map(|c| serde_json::to_string_pretty(c).expect("JSON"))
+        .collect()
+}
+
+/// Chat calls with one tool each whose parameters are 24 of the lock
+/// file's packages: named by package (a description with its version and
+/// dependencies), or with `hex` by checksum (the hashed property names a
+/// generated schema can have; 64 hex digits, about 2 bytes a token).
+fn tool_schemas(system: &str, hex: bool) -> Vec<(Endpoint, Value)> {
+    let packages: Vec<(String, String, String)> = LOCK
+        .split("[[package]]")
+        .skip(1)
+        .filter_map(|p| {
+            let field = |k: &str| {
+                p.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{k} = \"")))
+                    .map(|v| v.trim_end_matches('"').to_string())
+            };
+            Some((field("name")?, field("version")?, field("checksum")?))
+        })
+        .collect();
+    packages
+        .chunks(24)
+        .map(|c| {
+            let props: serde_json::Map<String, Value> = c
+                .iter()
+                .map(|(name, version, sum)| {
+                    let key = if hex { sum.clone() } else { name.clone() };
+                    let schema = if hex {
+                        json!({})
+                    } else {
+                        json!({"type": "string", "description": format!("the {name} crate, version {version}")})
+                    };
+                    (key, schema)
+                })
+                .collect();
+            let body = json!({
+                "model": "gpt-4o",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": "Which of these packages are outdated?"},
+                ],
+                "tools": [{"type": "function", "function": {
+                    "name": "check_packages", "description": "Checks packages for updates.",
+                    "parameters": {"type": "object", "properties": props}}}],
+            });
+            (Endpoint::ChatCompletions, body)
+        })
+        .collect()
+}
+
+/// Completions whose `prompt` is token ids, an id per word of README
+/// prose (the ids' values do not matter: each is one token to the model
+/// and to both counts), in turns of about 1 KB of text.
+fn token_ids() -> Vec<(Endpoint, Value)> {
+    prose()
+        .into_iter()
+        .take(20)
+        .map(|turn| {
+            let ids: Vec<u64> = turn
+                .split_whitespace()
+                .map(|w| {
+                    w.bytes()
+                        .fold(17u64, |h, b| (h * 31 + u64::from(b)) % 200_000)
+                })
+                .collect();
+            (
+                Endpoint::Completions,
+                json!({"model": "gpt-4o", "prompt": ids}),
+            )
+        })
         .collect()
 }
 

@@ -17,8 +17,30 @@
 //! schemas, `metadata`; there is no list of text fields to fall behind the
 //! providers. Strings are scanned after JSON unescaping (`\u0069gnore` is
 //! `ignore`) and after [`crate::normalize`] (NFKC, case folding, invisible
-//! characters removed, whitespace collapsed). [`BodyFacts::text_bytes`]
-//! counts the bytes of those string values (keys excluded).
+//! characters removed, whitespace collapsed).
+//!
+//! # Prompt estimate
+//!
+//! The same pass counts what the budgets reserve for the prompt
+//! ([`BodyFacts::estimated_prompt_tokens`]): every token-bearing part, not
+//! only string values. [`BodyFacts::text_bytes`] is the bytes of every
+//! string value scanned, at 4 bytes a token; [`BodyFacts::key_bytes`] of
+//! every key of an object nested below a top-level field's items (a
+//! message's content parts, a tool's function and its schema: a schema's
+//! property names are read by the model as much as its descriptions), at
+//! 3 bytes a token: keys are short words and identifiers, and generated
+//! ones (hashed property names: hex tokenizes at about 2 bytes a token)
+//! would otherwise be undercounted by half. The keys of a message or tool
+//! object itself (`role`, `content`, `type`, `function`) are the chat
+//! format's framing, which providers write with tokens of their own, and
+//! of a top-level object (`metadata`) not prompt: neither is counted.
+//! [`BodyFacts::counted_tokens`] is the parts counted as
+//! tokens directly: a number inside a container at one token per three
+//! digits (tokenizers split digit runs in threes), a fraction at three, a
+//! `true`, `false` or `null` at one, and an integer under `input` or
+//! `prompt` (embeddings' and completions' token ids, an array or arrays
+//! of them) at exactly one. Top-level scalars (`max_tokens`,
+//! `temperature`) are settings, not prompt, and are not counted.
 //!
 //! # Depth
 //!
@@ -147,15 +169,26 @@ pub struct BodyFacts {
     pub n: Option<u64>,
     /// Bytes of every string value scanned (all but `model`).
     pub text_bytes: usize,
+    /// Bytes of every key of an object nested below a top-level field's
+    /// items (see the module docs).
+    pub key_bytes: usize,
+    /// Tokens counted directly rather than from text: numbers, literals
+    /// and token ids inside containers (see the module docs).
+    pub counted_tokens: u64,
     /// The first blocked phrase found in that text (index into the matcher).
     pub blocked_phrase: Option<usize>,
 }
 
 impl BodyFacts {
-    /// A rough prompt size in tokens (4 bytes of text per token), used to
-    /// reserve rate-limit capacity before the provider reports real usage.
+    /// A rough prompt size in tokens (4 bytes of text or 3 of keys per
+    /// token, plus the tokens counted directly), used to reserve budgets
+    /// and rate-limit capacity before the provider reports real usage.
     pub fn estimated_prompt_tokens(&self) -> u64 {
-        (self.text_bytes as u64).div_ceil(4).max(1)
+        (self.text_bytes as u64)
+            .div_ceil(4)
+            .saturating_add((self.key_bytes as u64).div_ceil(3))
+            .saturating_add(self.counted_tokens)
+            .max(1)
     }
 
     /// Completions the request asks for (1 unless `n` / `best_of` say more).
@@ -223,6 +256,7 @@ pub fn inspect_body_with<'a, S: TokenSink + ?Sized>(
     let mut walk = Walk {
         scan: TextScan::new(phrases, body.len()),
         fail: None,
+        ids: false,
         sink,
     };
     let raw = {
@@ -383,6 +417,8 @@ pub fn inspect_body_with<'a, S: TokenSink + ?Sized>(
         max_tokens_field: endpoint.max_tokens_field().map(|f| null_field.unwrap_or(f)),
         n,
         text_bytes: walk.scan.bytes,
+        key_bytes: walk.scan.key_bytes,
+        counted_tokens: walk.scan.tokens,
         blocked_phrase,
     })
 }
@@ -696,6 +732,8 @@ fn choice_map(at: &str, f: &Fields, declared: &[Declared], top: bool) -> Result<
 struct Walk<'m, S: TokenSink + ?Sized> {
     scan: TextScan<'m>,
     fail: Option<Deny>,
+    /// Inside top-level `input` or `prompt`, where integers are token ids.
+    ids: bool,
     /// Takes every token as the walk reads it.
     sink: &'m mut S,
 }
@@ -704,6 +742,27 @@ impl<S: TokenSink + ?Sized> Walk<'_, S> {
     #[inline(always)]
     fn token(&mut self, t: Token<'_>) {
         self.sink.token(t);
+    }
+
+    /// A scalar other than a string read at `depth` (2: a top-level
+    /// value, a setting, not counted), worth `tokens` in the prompt.
+    #[inline(always)]
+    fn scalar(&mut self, depth: usize, tokens: u64) {
+        if depth > 2 || self.ids {
+            self.scan.tokens = self.scan.tokens.saturating_add(tokens);
+        }
+    }
+
+    /// An integer of `digits` decimal digits at `depth`: a token id (one
+    /// token) under `input` or `prompt`, else a token per three digits.
+    #[inline(always)]
+    fn integer(&mut self, depth: usize, digits: u32) {
+        let tokens = if self.ids {
+            1
+        } else {
+            u64::from(digits.div_ceil(3))
+        };
+        self.scalar(depth, tokens);
     }
 
     fn refuse<E: de::Error>(&mut self, code: DenyCode, msg: String) -> E {
@@ -757,6 +816,10 @@ struct RawFacts {
 struct TextScan<'m> {
     search: Option<PhraseSearch<'m>>,
     bytes: usize,
+    /// Bytes of keys that count (see [`BodyFacts::key_bytes`]).
+    key_bytes: usize,
+    /// Prompt tokens counted directly (numbers, literals, token ids).
+    tokens: u64,
 }
 
 impl TextScan<'_> {
@@ -764,12 +827,24 @@ impl TextScan<'_> {
         TextScan {
             search: matcher.map(|m| PhraseSearch::new(m, hint)),
             bytes: 0,
+            key_bytes: 0,
+            tokens: 0,
         }
     }
 
     /// Counts `s` as text and searches it.
     fn text(&mut self, s: &str) {
-        self.bytes += s.len();
+        self.bytes = self.bytes.saturating_add(s.len());
+        self.scan(s);
+    }
+
+    /// Searches key `s` of an object at `depth`, and counts it when the
+    /// object is nested below a top-level field's items (depth 4 on: the
+    /// top-level object is 1, a field's array 2, its items 3).
+    fn key(&mut self, s: &str, depth: usize) {
+        if depth > 3 {
+            self.key_bytes = self.key_bytes.saturating_add(s.len());
+        }
         self.scan(s);
     }
 
@@ -784,6 +859,15 @@ impl TextScan<'_> {
     fn finish(&mut self) -> Option<usize> {
         self.search.as_mut().and_then(|s| s.finish())
     }
+}
+
+/// What a number with a fraction counts as in the prompt estimate
+/// (`0.25` is `0`, `.`, `25` to a BPE tokenizer).
+const FRACTION_TOKENS: u64 = 3;
+
+/// The decimal digits of `n`, its sign as one more.
+fn i64_digits(n: i64) -> u32 {
+    n.unsigned_abs().checked_ilog10().unwrap_or(0) + 1 + u32::from(n < 0)
 }
 
 /// How long a string the tests make to cross a search window.
@@ -846,7 +930,12 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for FactsVisitor<'_, '_, S> {
                         return Err(dup(walk, name));
                     }
                     facts.text_fields |= bit;
-                    let v = map.next_value_seed(Val::new(walk, depth, Strs::Scan))?;
+                    // Integers under these are token ids (embeddings,
+                    // completions): one token each.
+                    walk.ids = matches!(name, "input" | "prompt");
+                    let v = map.next_value_seed(Val::new(walk, depth, Strs::Scan));
+                    walk.ids = false;
+                    let v = v?;
                     if name == "prompt" {
                         facts.prompt = Some(v);
                     }
@@ -1117,22 +1206,28 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for Val<'_, '_, S> {
     }
     fn visit_bool<E: de::Error>(self, b: bool) -> Result<Kind, E> {
         self.walk.token(Token::Bool(b));
+        self.walk.scalar(self.depth, 1);
         Ok(Kind::Bool(b))
     }
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<Kind, E> {
         self.walk.token(Token::I64(n));
+        self.walk.integer(self.depth, i64_digits(n));
         Ok(Kind::Number(u64::try_from(n).ok()))
     }
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Kind, E> {
         self.walk.token(Token::U64(n));
+        self.walk
+            .integer(self.depth, n.checked_ilog10().unwrap_or(0) + 1);
         Ok(Kind::Number(Some(n)))
     }
     fn visit_f64<E: de::Error>(self, n: f64) -> Result<Kind, E> {
         self.walk.token(Token::F64(n));
+        self.walk.scalar(self.depth, FRACTION_TOKENS);
         Ok(Kind::Number(None))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Kind, E> {
         self.walk.token(Token::Null);
+        self.walk.scalar(self.depth, 1);
         Ok(Kind::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Kind, A::Error> {
@@ -1151,7 +1246,7 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for Val<'_, '_, S> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Kind, A::Error> {
         self.walk.enter(self.depth)?;
         self.walk.token(Token::ObjectStart);
-        while map.next_key_seed(ScanKey(self.walk))?.is_some() {
+        while map.next_key_seed(ScanKey(self.walk, self.depth))?.is_some() {
             map.next_value_seed(Val::new(self.walk, self.depth + 1, Strs::Scan))?;
         }
         self.walk.token(Token::ObjectEnd);
@@ -1159,8 +1254,9 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for Val<'_, '_, S> {
     }
 }
 
-/// A key below the top level: searched, not counted as text.
-struct ScanKey<'a, 'm, S: TokenSink + ?Sized>(&'a mut Walk<'m, S>);
+/// A key below the top level, of an object at the depth it holds:
+/// searched, and counted where keys count ([`TextScan::key`]).
+struct ScanKey<'a, 'm, S: TokenSink + ?Sized>(&'a mut Walk<'m, S>, usize);
 
 impl<'de, S: TokenSink + ?Sized> DeserializeSeed<'de> for ScanKey<'_, '_, S> {
     type Value = ();
@@ -1178,7 +1274,7 @@ impl<S: TokenSink + ?Sized> Visitor<'_> for ScanKey<'_, '_, S> {
     #[inline]
     fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
         self.0.token(Token::Key(s));
-        self.0.scan.scan(s);
+        self.0.scan.key(s, self.1);
         Ok(())
     }
 }
@@ -1264,23 +1360,23 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ObjSeed<'_, '_, S> {
         Ok(Obj::Str(s.to_string()))
     }
     fn visit_bool<E: de::Error>(self, b: bool) -> Result<Obj, E> {
-        self.walk.token(Token::Bool(b));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_bool::<E>(b)?;
         Ok(Obj::Other("a boolean"))
     }
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<Obj, E> {
-        self.walk.token(Token::I64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_i64::<E>(n)?;
         Ok(Obj::Other("a number"))
     }
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Obj, E> {
-        self.walk.token(Token::U64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_u64::<E>(n)?;
         Ok(Obj::Other("a number"))
     }
     fn visit_f64<E: de::Error>(self, n: f64) -> Result<Obj, E> {
-        self.walk.token(Token::F64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_f64::<E>(n)?;
         Ok(Obj::Other("a number"))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Obj, E> {
-        self.walk.token(Token::Null);
+        Val::new(self.walk, self.depth, Strs::Scan).visit_unit::<E>()?;
         Ok(Obj::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Obj, A::Error> {
@@ -1296,7 +1392,7 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ObjSeed<'_, '_, S> {
         walk.token(Token::ObjectStart);
         while let Some(key) = map.next_key::<String>()? {
             walk.token(Token::Key(&key));
-            walk.scan.scan(&key);
+            walk.scan.key(&key, self.depth);
             let kind_slot = match key.as_str() {
                 "type" if tool => Some(&mut f.ty),
                 "name" if self.ctx != Ctx::Allowed => Some(&mut f.name),
@@ -1386,23 +1482,23 @@ impl<'de, S: TokenSink + ?Sized> Visitor<'de> for ListSeed<'_, '_, S> {
         Ok(List::Other("a string"))
     }
     fn visit_bool<E: de::Error>(self, b: bool) -> Result<List, E> {
-        self.walk.token(Token::Bool(b));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_bool::<E>(b)?;
         Ok(List::Other("a boolean"))
     }
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<List, E> {
-        self.walk.token(Token::I64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_i64::<E>(n)?;
         Ok(List::Other("a number"))
     }
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<List, E> {
-        self.walk.token(Token::U64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_u64::<E>(n)?;
         Ok(List::Other("a number"))
     }
     fn visit_f64<E: de::Error>(self, n: f64) -> Result<List, E> {
-        self.walk.token(Token::F64(n));
+        Val::new(self.walk, self.depth, Strs::Scan).visit_f64::<E>(n)?;
         Ok(List::Other("a number"))
     }
     fn visit_unit<E: de::Error>(self) -> Result<List, E> {
-        self.walk.token(Token::Null);
+        Val::new(self.walk, self.depth, Strs::Scan).visit_unit::<E>()?;
         Ok(List::Null)
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<List, A::Error> {
@@ -1439,7 +1535,15 @@ mod tests {
         assert_eq!(f.model, "gpt-4o");
         assert!(f.stream);
         assert_eq!(f.messages, Some(2));
+        // A message's own keys and a top-level object's are not counted;
+        // the numbers in `x` count a token each.
         assert_eq!(f.text_bytes, "user".len() + "hi".len());
+        assert_eq!(f.key_bytes, 0);
+        assert_eq!(f.counted_tokens, 2);
+        assert_eq!(f.estimated_prompt_tokens(), 2 + 2);
+        // Keys inside a message's content and a tool's function count.
+        let f = chat(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"tools":[{"type":"function","function":{"name":"f"}}]}"#).unwrap();
+        assert_eq!(f.key_bytes, "type".len() + "text".len() + "name".len());
         let f = inspect_body(
             Endpoint::Embeddings,
             br#"{"model":"e","input":"xyz"}"#,
@@ -1449,6 +1553,55 @@ mod tests {
         assert_eq!(f.messages, None);
         assert_eq!(f.text_bytes, 3);
         assert!(!f.stream);
+    }
+
+    #[test]
+    fn the_estimate_counts_every_token_bearing_part() {
+        // A tool schema of hashed property names: the keys are the prompt
+        // (before: 6 tokens for 40 KB, the keys counting as nothing).
+        let props: Vec<String> = (0..560)
+            .map(|i| format!(r#""{:064x}":{{}}"#, i * 7919))
+            .collect();
+        let body = format!(
+            r#"{{"model":"m","max_tokens":10,"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","function":{{"name":"f","parameters":{{"type":"object","properties":{{{}}}}}}}}}]}}"#,
+            props.join(",")
+        );
+        let f = chat(&body).unwrap();
+        assert!(body.len() > 39_000, "{}", body.len());
+        let keys = 560 * 64 + "properties".len() + "parameters".len();
+        assert!(f.key_bytes > keys, "{}", f.key_bytes);
+        assert!(f.estimated_prompt_tokens() > 560 * 64 / 3, "{f:?}");
+        // Token ids under `input` (embeddings) or `prompt` (completions):
+        // exactly one token each, arrays of arrays summed; top-level
+        // settings count nothing.
+        let ids: Vec<String> = (0..80_000).map(|i| (100_000 + i).to_string()).collect();
+        let flat = format!(r#"{{"model":"e","input":[{}]}}"#, ids.join(","));
+        let f = inspect_body(Endpoint::Embeddings, flat.as_bytes(), None).unwrap();
+        assert_eq!((f.text_bytes + f.key_bytes, f.counted_tokens), (0, 80_000));
+        assert_eq!(f.estimated_prompt_tokens(), 80_000);
+        let nested = format!(
+            r#"{{"model":"c","prompt":[[{}],[{}]],"max_tokens":5,"temperature":0.5,"echo":false}}"#,
+            ids[..30_000].join(","),
+            ids[30_000..].join(",")
+        );
+        let f = inspect_body(Endpoint::Completions, nested.as_bytes(), None).unwrap();
+        assert_eq!(f.estimated_prompt_tokens(), 80_000);
+        let one = inspect_body(Endpoint::Embeddings, br#"{"model":"e","input":7}"#, None);
+        assert_eq!(one.unwrap().estimated_prompt_tokens(), 1);
+        // Elsewhere a number is a token per three digits (a sign one
+        // more), a fraction three, a literal one.
+        let f = chat(
+            r#"{"model":"m","messages":[],"metadata":{"n":[1,1234,-5,123456789012,0.25,true,null]}}"#,
+        )
+        .unwrap();
+        assert_eq!(f.counted_tokens, 1 + 2 + 1 + 4 + 3 + 1 + 1);
+        assert_eq!((f.text_bytes, f.key_bytes), (0, 0));
+        // In tool objects too, however they are read.
+        let f = chat(
+            r#"{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer","minimum":100,"enum":[1,2,3]}}}}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(f.counted_tokens, 1 + 3);
     }
 
     #[test]
@@ -2307,7 +2460,8 @@ mod tests {
         );
         let f = chat(&body).unwrap();
         assert_eq!(f.messages, Some(3000));
-        assert_eq!(f.estimated_prompt_tokens(), (3000 * 1004 / 4) as u64);
+        // `user` and the text: 1004 bytes a message.
+        assert_eq!(f.estimated_prompt_tokens(), (3000 * 1004u64).div_ceil(4));
     }
 
     #[test]

@@ -8,8 +8,8 @@
 
 use crate::clock::ManualClock;
 use crate::store::{
-    slice_end, slice_of, step_record, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Refusal,
-    SlotTake, StateStore, WindowTake,
+    slice_end, slice_of, step_record, window_sums, AdmitOutcome, IdemBegin, IdemOutcome,
+    IdemRecord, Refusal, SlotTake, StateStore, WindowTake, MAX_COST, MAX_SUM,
 };
 use crate::streak::{Streak, IDLE};
 use std::sync::Arc;
@@ -54,6 +54,7 @@ pub async fn run_all(store: Arc<dyn StateStore>, prefix: &str, t0: Duration) {
     settle_replaces_the_estimate(&*store, &format!("{prefix}w5:"), t0).await;
     a_busy_budget_settles_each_lease_once(&*store, &format!("{prefix}w6:"), t0).await;
     money_windows_settle_down_and_up(&*store, &format!("{prefix}m1:"), t0).await;
+    absurd_costs_are_clamped_and_never_go_back(&*store, &format!("{prefix}m2:"), t0).await;
     idempotency_records(&*store, &format!("{prefix}i1:"), t0).await;
     concurrent_admissions_never_exceed(store.clone(), &format!("{prefix}c1:"), t0).await;
     records_swap_only_from_the_version_read(&*store, &format!("{prefix}r1:"), t0).await;
@@ -459,6 +460,98 @@ pub async fn money_windows_settle_down_and_up(store: &dyn StateStore, p: &str, t
     assert_eq!(sums, vec![1_000_000_000, 1_000_000_000], "money: read");
     let again = crate::store::window_sums(store, at, &keys).await.unwrap();
     assert_eq!(again, sums, "money: a read takes nothing");
+}
+
+/// Costs are the agents' and upstreams' to inflate: an admission or a
+/// settle of 2^64-1 is taken at [`MAX_COST`], sums saturate at
+/// [`MAX_SUM`], nothing wraps (recorded spend never goes down), and the
+/// window keeps admitting, settling and reading (Redis once wrote such a
+/// sum as a float and refused every later admission of the window).
+pub async fn absurd_costs_are_clamped_and_never_go_back(
+    store: &dyn StateStore,
+    p: &str,
+    t0: Duration,
+) {
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+    let key: Arc<str> = format!("{p}usd:day").into();
+    let take = |cost: u64, enforce: bool| WindowTake {
+        key: key.clone(),
+        limit: 10_000,
+        window: DAY,
+        cost,
+        enforce,
+    };
+    let sum = || async {
+        window_sums(store, t0, &[(key.clone(), DAY)])
+            .await
+            .expect("clamp: read")[0]
+    };
+    // 5,000 spent.
+    let AdmitOutcome::Taken { lease, .. } = store.admit(t0, &[take(100, true)], &[]).await.unwrap()
+    else {
+        panic!("clamp: refused");
+    };
+    store.finish(t0, &lease, &[(&*key, 5_000)]).await.unwrap();
+    assert_eq!(sum().await, 5_000, "clamp: spent");
+    // An absurd reservation never fits, and takes nothing.
+    let out = store.admit(t0, &[take(u64::MAX, true)], &[]).await.unwrap();
+    assert!(
+        matches!(
+            out,
+            AdmitOutcome::Refused(Refusal::Window {
+                index: 0,
+                retry_after: None
+            })
+        ),
+        "clamp: an absurd reservation: {out:?}"
+    );
+    assert_eq!(sum().await, 5_000, "clamp: refused, nothing taken");
+    // An absurd settle is taken at the ceiling: up, never down.
+    let AdmitOutcome::Taken { lease, .. } = store.admit(t0, &[take(1, true)], &[]).await.unwrap()
+    else {
+        panic!("clamp: refused");
+    };
+    store.settle(t0, &lease, &key, u64::MAX).await.unwrap();
+    assert_eq!(
+        sum().await,
+        5_000 + MAX_COST,
+        "clamp: settled at the ceiling"
+    );
+    store
+        .finish(t0, &lease, &[(&*key, u64::MAX)])
+        .await
+        .unwrap();
+    assert_eq!(
+        sum().await,
+        5_000 + MAX_COST,
+        "clamp: a repeat changes nothing"
+    );
+    // Dry-run takes of 2^64-1 saturate the sum at MAX_SUM, no further.
+    for _ in 0..8 {
+        let out = store
+            .admit(t0, &[take(u64::MAX, false)], &[])
+            .await
+            .unwrap();
+        let AdmitOutcome::Taken {
+            lease, remaining, ..
+        } = out
+        else {
+            panic!("clamp: dry-run refused: {out:?}");
+        };
+        assert_eq!(remaining, vec![0], "clamp: nothing left");
+        store
+            .finish(t0, &lease, &[(&*key, u64::MAX)])
+            .await
+            .unwrap();
+    }
+    assert_eq!(sum().await, MAX_SUM, "clamp: saturated");
+    // The window still reads, refuses and, once its slice leaves, admits.
+    assert!(!taken(store, t0, &[take(1, true)], &[]).await);
+    let later = slice_end(t0, DAY) + DAY;
+    assert!(
+        taken(store, later, &[take(1, true)], &[]).await,
+        "clamp: frees"
+    );
 }
 
 pub async fn settle_replaces_the_estimate(store: &dyn StateStore, p: &str, t0: Duration) {

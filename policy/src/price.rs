@@ -44,10 +44,12 @@ impl Price {
     pub fn cost_picos(&self, u: &Usage) -> u128 {
         let full = u.input_tokens.saturating_sub(u.cached_input_tokens);
         let cached = u.cached_input_tokens.saturating_add(u.cache_read_tokens);
-        picos(self.input) * u128::from(full)
-            + picos(self.cache_read) * u128::from(cached)
-            + picos(self.cache_write) * u128::from(u.cache_write_tokens)
-            + picos(self.output) * u128::from(u.output_tokens)
+        // Saturating: counts are the upstream's and the agent's, prices
+        // the config's; no product of them may wrap to a small cost.
+        at(self.input, full)
+            .saturating_add(at(self.cache_read, cached))
+            .saturating_add(at(self.cache_write, u.cache_write_tokens))
+            .saturating_add(at(self.output, u.output_tokens))
     }
 
     /// What a call is reserved before it runs, in micro-dollars (rounded
@@ -55,7 +57,7 @@ impl Price {
     /// at the output price. Cached tokens are not known before the call;
     /// settlement prices them as reported.
     pub fn reserve_micros(&self, prompt: u64, output: u64) -> u64 {
-        micros(picos(self.input) * u128::from(prompt) + picos(self.output) * u128::from(output))
+        micros(at(self.input, prompt).saturating_add(at(self.output, output)))
     }
 
     /// How many output tokens `micros` pays for (rounded down); `None`
@@ -93,6 +95,11 @@ fn picos(price: f64) -> u128 {
     } else {
         0
     }
+}
+
+/// `tokens` at `price` (dollars per million), in pico-dollars, saturating.
+fn at(price: f64, tokens: u64) -> u128 {
+    picos(price).saturating_mul(u128::from(tokens))
 }
 
 /// Pico-dollars to micro-dollars, rounded up (never charged less).
@@ -140,6 +147,35 @@ mod tests {
 
     fn cents(d: f64) -> i64 {
         (d * 100.0).round() as i64
+    }
+
+    #[test]
+    fn absurd_counts_and_prices_saturate_never_wrap() {
+        let huge = Usage {
+            input_tokens: u64::MAX,
+            output_tokens: u64::MAX,
+            cache_read_tokens: u64::MAX,
+            cache_write_tokens: u64::MAX,
+            ..Usage::default()
+        };
+        let dear = Price {
+            input: 1e30,
+            output: 1e30,
+            cache_read: 1e30,
+            cache_write: 1e30,
+        };
+        assert_eq!(dear.cost_picos(&huge), u128::MAX);
+        assert_eq!(dear.cost_micros(&huge), u64::MAX);
+        assert_eq!(dear.reserve_micros(u64::MAX, u64::MAX), u64::MAX);
+        // At a real price, 2^64-1 output tokens is a huge cost, not a
+        // wrapped small one.
+        let p = Price {
+            input: 1.0,
+            output: 10.0,
+            ..Price::default()
+        };
+        assert_eq!(p.reserve_micros(2, u64::MAX), u64::MAX);
+        assert_eq!(p.reserve_micros(2, 100), 1002);
     }
 
     #[test]

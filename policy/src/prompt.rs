@@ -8,15 +8,20 @@
 //! embeddings) are counted with the real tokenizer (`tiktoken-rs`, its
 //! vocabulary files compiled in: nothing is downloaded at run time). Every
 //! text of the prompt fields is encoded, plus OpenAI's documented overhead
-//! of 3 tokens per message and 3 to prime the reply. Images and files are
-//! not counted (their cost depends on detail settings the provider applies).
+//! of 3 tokens per message and 3 to prime the reply; so are the keys of
+//! `tools` and `functions` (a schema's property names are prompt the model
+//! reads) and the numbers of every prompt field, and an integer under
+//! `input` or `prompt` (embeddings' and completions' token ids) is exactly
+//! one token. Images and files are not counted (their cost depends on
+//! detail settings the provider applies).
 //!
 //! Other families (Anthropic, local models) are estimated: one token per
-//! 4 bytes of the body's text ([`crate::BodyFacts::estimated_prompt_tokens`]),
-//! the usual rule of thumb for English. Against a real count
-//! (`benches/estimate.rs`) it undercounts JSON by up to ~40% and
-//! overcounts multi-byte scripts; an undercount lets the provider refuse
-//! instead (a false refusal here would be worse).
+//! 4 bytes of the body's text (the usual rule of thumb for English) and
+//! per 3 bytes of the keys of nested objects, plus numbers and token ids
+//! counted as tokens ([`crate::BodyFacts::estimated_prompt_tokens`]).
+//! Against a real count (`benches/estimate.rs`) it undercounts JSON of hex
+//! digests by up to ~40% and overcounts multi-byte scripts; an undercount
+//! lets the provider refuse instead (a false refusal here would be worse).
 //!
 //! The tokenizer is not cheap (about 17-20 us per KB of prompt, see the
 //! `pricing_and_counting` bench),
@@ -146,6 +151,7 @@ pub fn count_prompt_until(
         bpe,
         depth: 0,
         field: Field::Other,
+        ids: false,
         skip_next: false,
         skip_from: None,
         items: 0,
@@ -171,6 +177,8 @@ pub fn count_prompt_until(
 enum Field {
     /// A prompt field whose items are messages (`messages`, `input`).
     Items,
+    /// `tools`, `functions`: their keys are prompt too (property names).
+    Tools,
     /// Another prompt field.
     Prompt,
     Other,
@@ -184,6 +192,8 @@ struct Counter {
     /// Containers open.
     depth: usize,
     field: Field,
+    /// Under `input` or `prompt`, whose integers are token ids.
+    ids: bool,
     /// The next value belongs to a skipped key.
     skip_next: bool,
     /// Inside a skipped key's container opened at this depth.
@@ -199,6 +209,26 @@ struct Counter {
 }
 
 impl Counter {
+    /// Adds the tokens of `text`, unless past the limit already.
+    fn count(&mut self, text: &str) {
+        if self.text <= self.limit {
+            let n = count_text(self.bpe, text, self.limit - self.text);
+            self.text = self.text.saturating_add(n);
+        }
+    }
+
+    /// A number in a prompt field: a token id is one token, any other is
+    /// counted as written.
+    fn number(&mut self, integer: bool, written: impl FnOnce() -> String) {
+        if self.value(false) {
+            if integer && self.ids {
+                self.text = self.text.saturating_add(1);
+            } else {
+                self.count(&written());
+            }
+        }
+    }
+
     /// A value begins at the current depth; `false` when it is skipped.
     fn value(&mut self, container: bool) -> bool {
         if self.depth == 2 && self.in_items {
@@ -240,22 +270,31 @@ impl crate::tokens::TokenSink for Counter {
             Token::Key(k) if self.depth == 1 => {
                 self.field = match k {
                     "messages" | "input" => Field::Items,
+                    "tools" | "functions" => Field::Tools,
                     _ if PROMPT_FIELDS.contains(&k) => Field::Prompt,
                     _ => Field::Other,
                 };
+                self.ids = matches!(k, "input" | "prompt");
             }
             Token::Key(k) => {
-                if self.skip_from.is_none() && skipped(k) {
-                    self.skip_next = true;
+                if self.skip_from.is_none() {
+                    if self.field == Field::Tools {
+                        self.count(k);
+                    }
+                    if skipped(k) {
+                        self.skip_next = true;
+                    }
                 }
             }
             Token::Str(text) => {
-                if self.value(false) && self.text <= self.limit {
-                    let n = count_text(self.bpe, text, self.limit - self.text);
-                    self.text = self.text.saturating_add(n);
+                if self.value(false) {
+                    self.count(text);
                 }
             }
-            Token::U64(_) | Token::I64(_) | Token::F64(_) | Token::Bool(_) | Token::Null => {
+            Token::U64(n) => self.number(true, || n.to_string()),
+            Token::I64(n) => self.number(true, || n.to_string()),
+            Token::F64(n) => self.number(false, || n.to_string()),
+            Token::Bool(_) | Token::Null => {
                 self.value(false);
             }
         }
@@ -437,14 +476,24 @@ mod tests {
     /// the token reader replaced).
     fn count_from_tree(body: &[u8]) -> u64 {
         use serde_json::Value;
-        fn texts(v: &Value, bpe: &CoreBPE, n: &mut u64) {
+        // `tools`: keys count; `ids`: integers are token ids.
+        fn texts(v: &Value, bpe: &CoreBPE, n: &mut u64, tools: bool, ids: bool) {
+            let encode = |s: &str| bpe.encode_ordinary(s).len() as u64;
             match v {
-                Value::String(s) => *n += bpe.encode_ordinary(s).len() as u64,
-                Value::Array(a) => a.iter().for_each(|x| texts(x, bpe, n)),
-                Value::Object(o) => o
-                    .iter()
-                    .filter(|(k, _)| !skipped(k))
-                    .for_each(|(_, x)| texts(x, bpe, n)),
+                Value::String(s) => *n += encode(s),
+                Value::Number(x) if ids && !x.is_f64() => *n += 1,
+                Value::Number(x) => *n += encode(&x.to_string()),
+                Value::Array(a) => a.iter().for_each(|x| texts(x, bpe, n, tools, ids)),
+                Value::Object(o) => {
+                    for (k, x) in o {
+                        if tools {
+                            *n += encode(k);
+                        }
+                        if !skipped(k) {
+                            texts(x, bpe, n, tools, ids);
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -456,7 +505,8 @@ mod tests {
                 if let (true, Value::Array(a)) = (matches!(f, "messages" | "input"), v) {
                     items += a.len() as u64;
                 }
-                texts(v, bpe, &mut n);
+                let tools = matches!(f, "tools" | "functions");
+                texts(v, bpe, &mut n, tools, matches!(f, "input" | "prompt"));
             }
         }
         n + items * PER_MESSAGE + REPLY_PRIMING
@@ -479,6 +529,9 @@ mod tests {
                 {"type": "input_text", "text": "what is this"}]}, "plain"], "system": ["a", {"data": {"deep": ["x"]}}]}),
             serde_json::json!({"model": "gpt-4o", "prompt": ["a b c", "d e f"], "functions": [{"name": "g"}],
                 "messages": {"not": "an array"}}),
+            serde_json::json!({"model": "gpt-4o", "input": [[100, 200, 300], [4]], "tools": [{"type": "function",
+                "function": {"name": "f", "parameters": {"type": "object", "properties": {
+                    "a3f9": {"type": "integer", "minimum": 10, "enum": [1, 2.5, -3]}, "b": {}}}}}]}),
         ];
         for b in bodies {
             let body = serde_json::to_vec(&b).unwrap();
@@ -486,6 +539,26 @@ mod tests {
             assert_eq!(how, Counted::Tokenizer);
             assert_eq!(n, count_from_tree(&body), "{b}");
         }
+    }
+
+    #[test]
+    fn token_ids_and_schema_keys_are_counted() {
+        let ids: Vec<u64> = (0..5000).map(|i| 1000 + i).collect();
+        let body = serde_json::to_vec(&serde_json::json!({
+            "model": "text-embedding-3-small", "input": [ids, [1, 2]]
+        }))
+        .unwrap();
+        let (n, how) = count_prompt(Endpoint::Embeddings, "text-embedding-3-small", &body, 1);
+        assert_eq!((n, how), (5002, Counted::Tokenizer));
+        // A tool schema: 100 hashed property names, 64 hex digits each.
+        let props: serde_json::Map<String, serde_json::Value> = (0..100)
+            .map(|i| (format!("{:064x}", i * 7919), serde_json::json!({})))
+            .collect();
+        let body = serde_json::to_vec(&serde_json::json!({"model": "gpt-4o", "messages": [],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": props}}}]}))
+        .unwrap();
+        let (n, _) = count_prompt(Endpoint::ChatCompletions, "gpt-4o", &body, 1);
+        assert!(n > 100 * 16, "{n}");
     }
 
     #[test]

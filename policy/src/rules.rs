@@ -473,8 +473,7 @@ impl AgentRules {
         req: &LimitRequest<'_>,
         verdict: &mut Verdict,
     ) -> Result<LimitsTaken, Deny> {
-        let reserve =
-            req.estimated_prompt + req.max_tokens.unwrap_or(self.budgets.default_max_tokens);
+        let reserve = self.token_reserve(req);
         if let (None, Some(limit)) = (req.task, self.budgets.task_tokens) {
             // A request without a task id is a task of its own.
             if reserve > limit {
@@ -507,7 +506,7 @@ impl AgentRules {
                         .would_deny
                         .get_or_insert(self.refusal_deny(&r, &windows, &slots));
                 }
-                let out = reserve - req.estimated_prompt;
+                let out = reserve.saturating_sub(req.estimated_prompt);
                 let mut room: Option<u64> = None;
                 let mut money_left: Option<u64> = None;
                 let mut task_used: Option<f64> = None;
@@ -548,14 +547,14 @@ impl AgentRules {
                 let money_room = match (money_left, req.money) {
                     (Some(left), Some(m)) => m
                         .price
-                        .output_tokens_for((left + m.reserve).saturating_sub(m.prompt)),
+                        .output_tokens_for(left.saturating_add(m.reserve).saturating_sub(m.prompt)),
                     _ => None,
                 };
                 Ok(LimitsTaken {
                     settle_keys,
                     money_keys,
                     lease,
-                    budget_room: room.map(|r| r + out),
+                    budget_room: room.map(|r| r.saturating_add(out)),
                     money_room,
                     task_budget_used: task_used,
                     money_used,
@@ -569,10 +568,18 @@ impl AgentRules {
         }
     }
 
+    /// What a call reserves from its token budgets: its prompt estimate
+    /// plus its output limit, saturating (`max_tokens` is the agent's to
+    /// set, up to 2^64-1: a wrapped sum would reserve almost nothing).
+    pub fn token_reserve(&self, req: &LimitRequest<'_>) -> u64 {
+        req.estimated_prompt
+            .saturating_add(req.max_tokens.unwrap_or(self.budgets.default_max_tokens))
+    }
+
     /// The limits this request must take from the state store.
     pub fn limit_takes(&self, req: &LimitRequest<'_>) -> (Vec<WindowTake>, Vec<SlotTake>) {
         let estimated_tokens = req.estimated_prompt;
-        let reserve = estimated_tokens + req.max_tokens.unwrap_or(self.budgets.default_max_tokens);
+        let reserve = self.token_reserve(req);
         // At most nine of ours, plus the tool limits the caller adds.
         let mut windows = Vec::with_capacity(9 + req.extra.len());
         if let Some(limit) = self.limits.requests_per_minute {
@@ -1407,6 +1414,41 @@ mod tests {
             (d.code, d.retryable, d.retry_after_secs()),
             (DenyCode::BudgetExceeded, true, Some(86_534))
         );
+    }
+
+    #[test]
+    fn an_absurd_output_limit_saturates_the_reservation_and_is_refused() {
+        let mut r = rules();
+        r.budgets = Budgets {
+            task_tokens: Some(1000),
+            ..Budgets::default()
+        };
+        let store = crate::MemoryStore::new();
+        let mut v = Verdict::default();
+        for task in [None, Some("t1")] {
+            let req = LimitRequest {
+                extra: &[],
+                money: None,
+                estimated_prompt: 2,
+                max_tokens: Some(u64::MAX),
+                task,
+            };
+            // 2 + (2^64 - 1) wrapped to 1, which fit the 1000.
+            assert_eq!(r.token_reserve(&req), u64::MAX);
+            let d = block_on(r.admit_limits(&store, Duration::ZERO, &req, &mut v)).unwrap_err();
+            assert_eq!(d.code, DenyCode::BudgetExceeded, "{task:?}");
+            assert!(
+                d.message.contains(&format!("reserves {} tokens", u64::MAX)),
+                "{}",
+                d.message
+            );
+        }
+        // Nothing was taken: a call that fits still does.
+        let fits = LimitRequest {
+            task: Some("t1"),
+            ..one()
+        };
+        assert!(block_on(r.admit_limits(&store, Duration::ZERO, &fits, &mut v)).is_ok());
     }
 
     #[test]

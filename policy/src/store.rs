@@ -271,7 +271,7 @@ pub async fn window_sums(
     now: Duration,
     windows: &[(Arc<str>, Duration)],
 ) -> Result<Vec<u64>, StoreError> {
-    const CEILING: u64 = 1 << 52;
+    const CEILING: u64 = MAX_SUM;
     let takes: Vec<WindowTake> = windows
         .iter()
         .map(|(key, window)| WindowTake {
@@ -350,6 +350,26 @@ pub async fn step_record<T, V>(
 /// How many slices a window is kept in.
 pub const SLICES: u32 = 600;
 
+/// The most one admission takes from a window, and the most a settle sets
+/// a lease's cost to (2^50: over a billion dollars in micro-dollars, over
+/// a quadrillion tokens): larger costs are clamped to it. Costs come from
+/// what agents ask (`max_tokens` up to 2^64-1) and what upstreams report,
+/// so they are bounded where they enter a store: a window's sum stays an
+/// exact integer on Redis (which keeps numbers as doubles, exact below
+/// 2^53; a sum past 2^63 was written as `1.8e+19`, and every later
+/// admission of that window failed "hash value is not an integer"), and
+/// saturating sums in memory never wrap (a wrapped settle made recorded
+/// spend go down). A cost this large never fits a real limit anyway.
+pub const MAX_COST: u64 = 1 << 50;
+
+/// What a window holds at most ([`window_sums`]' ceiling too): sums
+/// saturate here in every store, so a sum stays exact on Redis however
+/// many clamped costs it takes.
+pub const MAX_SUM: u64 = 1 << 52;
+
+// A clamped cost fits a sum, and a sum is exact as a double.
+const _: () = assert!(MAX_COST < MAX_SUM && MAX_SUM < 1 << 53);
+
 /// The slice width of a window of `window`: 1/[`SLICES`] of it in whole
 /// milliseconds, at least one. Every store slices the same way, so they
 /// judge alike (the conformance suite holds them to it).
@@ -386,7 +406,7 @@ impl WindowLog {
     fn expire(&mut self, now: Duration, window: Duration) {
         while let Some(s) = self.slices.front() {
             if s.end + window <= now {
-                self.sum -= s.cost;
+                self.sum = self.sum.saturating_sub(s.cost);
                 self.slices.pop_front();
             } else {
                 break;
@@ -411,8 +431,8 @@ impl WindowLog {
         }
         let mut remaining = self.sum;
         for s in &self.slices {
-            remaining -= s.cost;
-            if remaining + cost <= limit {
+            remaining = remaining.saturating_sub(s.cost);
+            if remaining.saturating_add(cost) <= limit {
                 return Some(Some((s.end + window).saturating_sub(now)));
             }
         }
@@ -421,15 +441,15 @@ impl WindowLog {
 
     fn push(&mut self, now: Duration, window: Duration, cost: u64, lease: u64) {
         let end = slice_end(now, window);
-        self.sum += cost;
+        self.sum = add_cost(self.sum, cost);
         match self.slices.back_mut() {
-            Some(last) if last.end == end => last.cost += cost,
+            Some(last) if last.end == end => last.cost = add_cost(last.cost, cost),
             Some(last) if last.end > end => {
                 // The window got shorter (a reload changed a task budget's
                 // length): slices stay ordered by end, as Redis's zset keeps
                 // them, so expiry and Retry-After still read them in order.
                 match self.slices.binary_search_by_key(&end, |s| s.end) {
-                    Ok(i) => self.slices[i].cost += cost,
+                    Ok(i) => self.slices[i].cost = add_cost(self.slices[i].cost, cost),
                     Err(i) => self.slices.insert(i, Slice { end, cost }),
                 }
             }
@@ -446,8 +466,8 @@ impl WindowLog {
         };
         if let Ok(i) = self.slices.binary_search_by_key(end, |s| s.end) {
             let slice = &mut self.slices[i];
-            slice.cost = slice.cost - *taken + actual;
-            self.sum = self.sum - *taken + actual;
+            slice.cost = add_cost(slice.cost.saturating_sub(*taken), actual);
+            self.sum = add_cost(self.sum.saturating_sub(*taken), actual);
         }
         *taken = actual;
     }
@@ -466,6 +486,12 @@ impl WindowLog {
     fn is_empty(&self) -> bool {
         self.slices.is_empty() && self.open.is_empty()
     }
+}
+
+/// `sum + cost`, saturating at [`MAX_SUM`] (as the Redis store's scripts
+/// do).
+fn add_cost(sum: u64, cost: u64) -> u64 {
+    sum.saturating_add(cost).min(MAX_SUM)
 }
 
 #[derive(Debug)]
@@ -603,7 +629,7 @@ impl StateStore for MemoryStore {
                 .entry(w.key.clone())
                 .or_insert_with(|| (WindowLog::default(), w.window));
             log.expire(now, w.window);
-            if let Some(retry_after) = log.check(now, w.window, w.limit, w.cost) {
+            if let Some(retry_after) = log.check(now, w.window, w.limit, w.cost.min(MAX_COST)) {
                 let refusal = Refusal::Window { index, retry_after };
                 if w.enforce {
                     return Ok(AdmitOutcome::Refused(refusal));
@@ -626,7 +652,7 @@ impl StateStore for MemoryStore {
         for w in windows {
             if let Some((log, window)) = inner.windows.get_mut(&*w.key) {
                 *window = w.window;
-                log.push(now, w.window, w.cost, id);
+                log.push(now, w.window, w.cost.min(MAX_COST), id);
                 remaining.push(w.limit.saturating_sub(log.sum));
             }
         }
@@ -668,7 +694,7 @@ impl StateStore for MemoryStore {
         let mut inner = self.lock()?;
         if let Some((log, window)) = inner.windows.get_mut(key) {
             let window = *window;
-            log.settle(lease.id, actual);
+            log.settle(lease.id, actual.min(MAX_COST));
             log.expire(now, window);
         }
         Ok(())
@@ -807,7 +833,7 @@ impl StateStore for MemoryStore {
         for key in &lease.windows {
             if let Some((log, window)) = inner.windows.get_mut(&**key) {
                 if let Some((_, actual)) = settle.iter().find(|(k, _)| *k == &**key) {
-                    log.settle(lease.id, *actual);
+                    log.settle(lease.id, (*actual).min(MAX_COST));
                 }
                 log.close(lease.id);
                 let window = *window;

@@ -21,6 +21,12 @@
 //! `cache_creation_input_tokens`), and the Responses API's
 //! `response.usage.{input,output}_tokens` with
 //! `input_tokens_details.cached_tokens`.
+//!
+//! Counts are the provider's word, not to be trusted blindly: each is
+//! clamped to [`MAX_REPORTED_TOKENS`] ([`UsageScanner::clamped`] says when
+//! one was), and every sum over them saturates, so a broken or hostile
+//! upstream reporting 2^64-1 tokens can neither wrap a settlement nor push
+//! a store past the numbers it keeps exactly.
 
 mod reader;
 
@@ -43,9 +49,43 @@ pub struct Usage {
     pub cache_write_tokens: u64,
 }
 
+/// The most tokens one count of a report is taken at (100 million): far
+/// past any model's context window or output (the largest windows are ~10
+/// million tokens) and any embeddings batch, so only a broken or hostile
+/// report reaches it. Four counts at this ceiling at $1,000 per million
+/// tokens are 4 x 10^11 micro-dollars, well inside what a store keeps
+/// exactly ([`crate::store::MAX_COST`]).
+pub const MAX_REPORTED_TOKENS: u64 = 100_000_000;
+
 impl Usage {
+    /// Every prompt token the provider counted: OpenAI's `prompt_tokens`
+    /// include the cached ones, Anthropic reports cache reads and writes
+    /// beside `input_tokens` (which is only the uncached part). What token
+    /// budgets, `loopgate_tokens_total` and the access log count, as the
+    /// money path prices them ([`crate::Price::cost`]).
+    pub fn prompt_tokens(&self) -> u64 {
+        self.input_tokens
+            .saturating_add(self.cache_read_tokens)
+            .saturating_add(self.cache_write_tokens)
+    }
+
+    /// Prompt and output tokens: what a token budget is settled at.
     pub fn total(&self) -> u64 {
-        self.input_tokens + self.output_tokens
+        self.prompt_tokens().saturating_add(self.output_tokens)
+    }
+
+    /// Each count at most [`MAX_REPORTED_TOKENS`]; `true` when one was past
+    /// it.
+    pub fn clamped(self) -> (Usage, bool) {
+        let c = |n: u64| n.min(MAX_REPORTED_TOKENS);
+        let u = Usage {
+            input_tokens: c(self.input_tokens),
+            output_tokens: c(self.output_tokens),
+            cached_input_tokens: c(self.cached_input_tokens),
+            cache_read_tokens: c(self.cache_read_tokens),
+            cache_write_tokens: c(self.cache_write_tokens),
+        };
+        (u, u != self)
     }
 }
 
@@ -87,6 +127,8 @@ pub struct UsageScanner {
     /// (the Responses API's `.done` and `response.completed` events repeat
     /// the deltas whole).
     repeats: bool,
+    /// A reported count was past [`MAX_REPORTED_TOKENS`].
+    clamped: bool,
 }
 
 impl UsageScanner {
@@ -117,6 +159,7 @@ impl UsageScanner {
             text_bytes: 0,
             body_bytes: 0,
             repeats: false,
+            clamped: false,
         }
     }
 
@@ -184,7 +227,14 @@ impl UsageScanner {
         }
     }
 
-    /// The usage seen, once the body ended.
+    /// Whether [`UsageScanner::finish`] clamped a count the provider
+    /// reported (to [`MAX_REPORTED_TOKENS`]): worth a log line.
+    pub fn clamped(&self) -> bool {
+        self.clamped
+    }
+
+    /// The usage seen, once the body ended, each count clamped to
+    /// [`MAX_REPORTED_TOKENS`].
     pub fn finish(&mut self) -> Option<Usage> {
         if let Mode::Json = self.mode {
             if let Some(c) = read_counts(&self.kept) {
@@ -202,14 +252,17 @@ impl UsageScanner {
             return None;
         }
         let input = self.input.unwrap_or(0);
-        Some(Usage {
+        let (usage, clamped) = Usage {
             input_tokens: input,
             output_tokens: self.output.unwrap_or(0),
             // Part of the input: never more than it.
             cached_input_tokens: self.cached.unwrap_or(0).min(input),
             cache_read_tokens: self.cache_read.unwrap_or(0),
             cache_write_tokens: self.cache_write.unwrap_or(0),
-        })
+        }
+        .clamped();
+        self.clamped = clamped;
+        Some(usage)
     }
 
     fn sse_line(&mut self, line: &[u8]) {
@@ -549,6 +602,78 @@ mod tests {
                 cache_write_tokens: 6,
             }
         );
+    }
+
+    #[test]
+    fn prompt_tokens_count_anthropics_cache_reads_and_writes() {
+        // Anthropic: 4 uncached + 90 read + 6 written = 100 prompt tokens.
+        let an = Usage {
+            input_tokens: 4,
+            output_tokens: 15,
+            cache_read_tokens: 90,
+            cache_write_tokens: 6,
+            ..Usage::default()
+        };
+        assert_eq!((an.prompt_tokens(), an.total()), (100, 115));
+        // OpenAI: `prompt_tokens` already hold the 30 cached.
+        let oa = Usage {
+            input_tokens: 50,
+            output_tokens: 5,
+            cached_input_tokens: 30,
+            ..Usage::default()
+        };
+        assert_eq!((oa.prompt_tokens(), oa.total()), (50, 55));
+        // Sums saturate.
+        let huge = Usage {
+            input_tokens: u64::MAX,
+            output_tokens: u64::MAX,
+            cache_read_tokens: 1,
+            ..Usage::default()
+        };
+        assert_eq!((huge.prompt_tokens(), huge.total()), (u64::MAX, u64::MAX));
+    }
+
+    #[test]
+    fn absurd_counts_are_clamped_and_flagged() {
+        let body = format!(
+            r#"{{"usage":{{"prompt_tokens":12,"completion_tokens":{},"prompt_tokens_details":{{"cached_tokens":3}}}}}}"#,
+            u64::MAX
+        );
+        let mut s = UsageScanner::for_content_type(Some("application/json"));
+        s.feed(body.as_bytes());
+        let u = s.finish().unwrap();
+        assert!(s.clamped());
+        assert_eq!(
+            u,
+            Usage {
+                input_tokens: 12,
+                output_tokens: MAX_REPORTED_TOKENS,
+                cached_input_tokens: 3,
+                ..Usage::default()
+            }
+        );
+        let sse = format!(
+            "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{{\"input_tokens\":4,\"cache_read_input_tokens\":{},\"cache_creation_input_tokens\":{},\"output_tokens\":1}}}}}}\n\n",
+            u64::MAX,
+            MAX_REPORTED_TOKENS + 1
+        );
+        let u = scan_in_pieces("text/event-stream", sse.as_bytes(), 9).unwrap();
+        assert_eq!(
+            (u.cache_read_tokens, u.cache_write_tokens, u.prompt_tokens()),
+            (
+                MAX_REPORTED_TOKENS,
+                MAX_REPORTED_TOKENS,
+                2 * MAX_REPORTED_TOKENS + 4
+            )
+        );
+        // Within the ceiling: as reported, not flagged.
+        let mut s = UsageScanner::for_content_type(Some("application/json"));
+        s.feed(br#"{"usage":{"prompt_tokens":100000000,"completion_tokens":7}}"#);
+        assert_eq!(
+            s.finish().map(|u| u.input_tokens),
+            Some(MAX_REPORTED_TOKENS)
+        );
+        assert!(!s.clamped());
     }
 
     #[test]

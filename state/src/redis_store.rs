@@ -18,6 +18,10 @@
 //!   its TTL; changed only by compare-and-swap (`record_swap.lua`);
 //! - `lease`: the lease id counter (one integer).
 //!
+//! Costs are clamped to [`MAX_COST`] before they are sent, and the scripts
+//! cap every sum they write at [`MAX_SUM`] (`lua/ceiling.lua`): Lua keeps
+//! numbers as doubles, so sums stay exact integers Redis can add to.
+//!
 //! Time is the caller's `now` (epoch-anchored [`SystemClock`]), so the
 //! scripts judge exactly like the memory store, and the conformance suite
 //! runs against both.
@@ -30,8 +34,10 @@
 //! connection a call fails at once, and every call is bounded by `timeout`.
 //!
 //! [`SystemClock`]: loopgate_policy::SystemClock
+//! [`MAX_SUM`]: loopgate_policy::store::MAX_SUM
 
 use async_trait::async_trait;
+use loopgate_policy::store::MAX_COST;
 use loopgate_policy::{
     slice_of, AdmitOutcome, IdemBegin, IdemOutcome, IdemRecord, Lease, Refusal, SlotTake,
     StateStore, StoreError, WindowTake,
@@ -75,8 +81,12 @@ struct Scripts {
 impl Scripts {
     fn new() -> Scripts {
         Scripts {
-            admit: Script::new(include_str!("lua/admit.lua")),
+            admit: Script::new(concat!(
+                include_str!("lua/ceiling.lua"),
+                include_str!("lua/admit.lua")
+            )),
             settle: Script::new(concat!(
+                include_str!("lua/ceiling.lua"),
                 include_str!("lua/lease.lua"),
                 include_str!("lua/settle.lua")
             )),
@@ -84,6 +94,7 @@ impl Scripts {
             idem_finish: Script::new(include_str!("lua/idem_finish.lua")),
             record_swap: Script::new(include_str!("lua/record_swap.lua")),
             finish: Script::new(concat!(
+                include_str!("lua/ceiling.lua"),
                 include_str!("lua/lease.lua"),
                 include_str!("lua/finish.lua")
             )),
@@ -421,7 +432,7 @@ impl StateStore for RedisStore {
             inv.arg(w.limit)
                 .arg(ms(w.window))
                 .arg(ms(slice_of(w.window)))
-                .arg(w.cost)
+                .arg(w.cost.min(MAX_COST))
                 .arg(u8::from(w.enforce));
         }
         for s in slots {
@@ -476,7 +487,9 @@ impl StateStore for RedisStore {
             return Ok(());
         }
         let mut inv = self.inner.scripts.settle.prepare_invoke();
-        inv.key(self.key("wc", key)).arg(lease.id).arg(actual);
+        inv.key(self.key("wc", key))
+            .arg(lease.id)
+            .arg(actual.min(MAX_COST));
         self.call("settle", |mut c| async move {
             inv.invoke_async::<i64>(&mut c).await
         })
@@ -507,7 +520,7 @@ impl StateStore for RedisStore {
         for k in lease.windows() {
             // -1: keep the cost taken (only forget the lease).
             let actual = settle.iter().find(|(s, _)| *s == &**k).map(|(_, a)| *a);
-            inv.arg(actual.map_or(-1, |a| i64::try_from(a).unwrap_or(i64::MAX)));
+            inv.arg(actual.map_or(-1, |a| i64::try_from(a.min(MAX_COST)).unwrap_or(0)));
         }
         self.call("finish", |mut c| async move {
             inv.invoke_async::<i64>(&mut c).await
@@ -674,5 +687,21 @@ impl StateStore for RedisStore {
         })
         .await
         .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use loopgate_policy::store::MAX_SUM;
+
+    /// The scripts' ceiling is policy's: a store capping lower or higher
+    /// than the memory store would judge differently.
+    #[test]
+    fn the_scripts_cap_sums_at_policys_ceiling() {
+        let lua = include_str!("lua/ceiling.lua");
+        assert!(
+            lua.contains(&format!("local MAX_SUM = {MAX_SUM}\n")),
+            "{lua}"
+        );
     }
 }

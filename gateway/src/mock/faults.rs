@@ -17,6 +17,7 @@
 //! | `x-mock-strict: 1` | refuse output limits the real provider refuses (see [`super::strict`]); `0` turns `--strict` off |
 //! | `x-mock-max-output: 4096` | with strict: the model's output maximum, instead of the mock's table |
 //! | `x-mock-prompt-tokens: 1000` | the prompt tokens reported (default: the body's length / 4) |
+//! | `x-mock-completion-tokens: 50` | the output tokens reported, whatever was produced (default: a token per piece); any `u64`, to play a broken or hostile provider |
 //! | `x-mock-cached-tokens: 400` | of those, read from the prompt cache (OpenAI `cached_tokens`, Anthropic `cache_read_input_tokens`) |
 //! | `x-mock-cache-write-tokens: 200` | of those, written to the cache (Anthropic `cache_creation_input_tokens`) |
 //! | `x-mock-tool-calls: 2` | chat completions and messages: answer with this many parallel tool calls (ids `call_mock_0` / `toolu_mock_0`, ..., names from the request's `tools` in order, else `mock_tool`, arguments `{"city":"Paris","n":0}` streamed in pieces), finish `tool_calls` / `tool_use` |
@@ -45,6 +46,8 @@ pub struct Faults {
     pub max_output: Option<u64>,
     /// The prompt tokens reported, instead of the body's length / 4.
     pub prompt_tokens: Option<u64>,
+    /// The output tokens reported, instead of a token per piece produced.
+    pub completion_tokens: Option<u64>,
     /// Of the prompt, tokens read from the cache.
     pub cached_tokens: u64,
     /// Of the prompt, tokens written to the cache (Anthropic).
@@ -100,6 +103,7 @@ impl Default for Faults {
             strict: false,
             max_output: None,
             prompt_tokens: None,
+            completion_tokens: None,
             cached_tokens: 0,
             cache_write_tokens: 0,
             tool_calls: 0,
@@ -162,6 +166,9 @@ impl Faults {
         }
         if let Some(v) = num(headers, "x-mock-prompt-tokens") {
             f.prompt_tokens = Some(v);
+        }
+        if let Some(v) = num(headers, "x-mock-completion-tokens") {
+            f.completion_tokens = Some(v);
         }
         if let Some(v) = num(headers, "x-mock-cached-tokens") {
             f.cached_tokens = v;

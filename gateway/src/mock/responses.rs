@@ -81,6 +81,8 @@ pub struct Exchange {
     /// Of the prompt, read from the cache and written to it.
     cached_tokens: u64,
     cache_write_tokens: u64,
+    /// The output tokens to report, when a test set them.
+    reported_output: Option<u64>,
     pieces: Vec<&'static str>,
     /// Tokens each text piece counts for.
     piece_tokens: u64,
@@ -217,6 +219,7 @@ impl Exchange {
             cache_write_tokens: faults
                 .cache_write_tokens
                 .min(prompt_tokens.saturating_sub(faults.cached_tokens)),
+            reported_output: faults.completion_tokens,
             pieces: (0..text_pieces)
                 .map(|i| word.unwrap_or(WORDS[i % WORDS.len()]))
                 .collect(),
@@ -232,8 +235,12 @@ impl Exchange {
         self.pieces.concat()
     }
 
-    /// A token per text piece and per streamed piece of arguments.
+    /// A token per text piece and per streamed piece of arguments, unless
+    /// the test set the count to report.
     fn completion_tokens(&self) -> u64 {
+        if let Some(n) = self.reported_output {
+            return n;
+        }
         let args: usize = self.tool_calls.iter().map(|c| c.pieces().len()).sum();
         self.pieces.len() as u64 * self.piece_tokens + args as u64
     }
@@ -287,7 +294,7 @@ impl Exchange {
         json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens(),
-            "total_tokens": self.prompt_tokens + self.completion_tokens(),
+            "total_tokens": self.prompt_tokens.saturating_add(self.completion_tokens()),
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens, "audio_tokens": 0},
         })
     }
@@ -296,7 +303,7 @@ impl Exchange {
     /// prompt; cache reads and writes are reported beside it.
     fn anthropic_usage(&self, output_tokens: u64) -> Value {
         json!({
-            "input_tokens": self.prompt_tokens - self.cached_tokens - self.cache_write_tokens,
+            "input_tokens": self.prompt_tokens.saturating_sub(self.cached_tokens).saturating_sub(self.cache_write_tokens),
             "cache_read_input_tokens": self.cached_tokens,
             "cache_creation_input_tokens": self.cache_write_tokens,
             "output_tokens": output_tokens,
@@ -319,7 +326,7 @@ impl Exchange {
                 "input_tokens": self.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": self.cached_tokens},
                 "output_tokens": self.completion_tokens(),
-                "total_tokens": self.prompt_tokens + self.completion_tokens(),
+                "total_tokens": self.prompt_tokens.saturating_add(self.completion_tokens()),
             }) } else { Value::Null },
         })
     }

@@ -148,7 +148,7 @@ fn count(m: &crate::metrics::Metrics, ctx: &RequestCtx, sum: &Summary<'_>) {
     if let (Some(u), Some(route)) = (sum.usage, sum.route) {
         m.tokens
             .with_label_values(&[agent, route, "prompt"])
-            .inc_by(u.input_tokens);
+            .inc_by(u.prompt_tokens());
         m.tokens
             .with_label_values(&[agent, route, "completion"])
             .inc_by(u.output_tokens);
@@ -207,7 +207,8 @@ fn write_log(
         overhead_us: sum.overhead.as_micros() as u64,
         bytes_in: ctx.bytes_in,
         bytes_out: session.as_downstream().body_bytes_sent(),
-        prompt_tokens: sum.usage.map(|u| u.input_tokens),
+        // With Anthropic's cache reads and writes, as budgets count them.
+        prompt_tokens: sum.usage.map(|u| u.prompt_tokens()),
         completion_tokens: sum.usage.map(|u| u.output_tokens),
         cost_usd: sum.cost.map(|(_, usd)| usd),
         attempts: ctx.fallback.attempts,

@@ -65,8 +65,7 @@ for i = 1, nw do
   local limit, win, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4])
   local enforce = ARGV[a + 5] == '1'
   local sum = tonumber(redis.call('HGET', h, '_sum')) or 0
-  sum = drop_expired(z, h, o, now - win, sum)
-  if sum < 0 then sum = 0 end
+  sum = capped(drop_expired(z, h, o, now - win, sum))
   redis.call('HSET', h, '_sum', sum)
   if sum + cost > limit then
     local retry = -1
@@ -95,12 +94,14 @@ for i = 1, nw do
   local a = 4 + (i - 1) * 5
   local limit, win, slice, cost =
     tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local sum = sums[i] + cost
+  local sum = capped(sums[i] + cost)
   local e = (math.floor(now / slice) + 1) * slice
   local ek = string.format('%d', e)
+  -- Added and capped here, not by HINCRBY: a slice holding a number an
+  -- older version wrote past 2^63 (as `1.8e+19`) is healed, not refused.
+  local c = capped((tonumber(redis.call('HGET', h, ek)) or 0) + cost)
   redis.call('ZADD', z, e, ek)
-  redis.call('HINCRBY', h, ek, cost)
-  redis.call('HSET', h, '_sum', sum, 'l' .. lease, ek .. ':' .. cost)
+  redis.call('HSET', h, ek, c, '_sum', sum, 'l' .. lease, ek .. ':' .. string.format('%d', cost))
   redis.call('ZADD', o, e, lease)
   -- Bounded: the window lives as long as its newest slice can matter.
   redis.call('PEXPIRE', z, win + slice + 60000)

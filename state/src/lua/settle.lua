@@ -6,5 +6,8 @@ local h, field, actual = KEYS[1], 'l' .. ARGV[1], tonumber(ARGV[2])
 local rec = redis.call('HGET', h, field)
 if not rec then return 0 end
 local e = set_lease_cost(h, rec, actual)
-redis.call('HSET', h, field, e .. ':' .. actual)
+if not e then return 0 end
+-- `%d`: a number concatenated as is is written `%.14g` (exponent form
+-- from 10^14), which set_lease_cost's pattern would not read back.
+redis.call('HSET', h, field, e .. ':' .. string.format('%d', actual))
 return 1

@@ -122,6 +122,16 @@ impl Feature for UsageMeter {
         }
         if end {
             self.usage = scanner.finish();
+            if scanner.clamped() {
+                // A broken or hostile upstream: settled at the ceiling, so
+                // no sum wraps and spend never goes backwards.
+                log::warn!(
+                    "request {}: the provider reported more than {} tokens in one usage count; \
+                     clamped to it",
+                    adm.request_id,
+                    loopgate_policy::usage::MAX_REPORTED_TOKENS
+                );
+            }
         }
         if self.counts_output {
             self.relayed = scanner.relayed_text_bytes();
