@@ -29,12 +29,12 @@ fn config_with(mock: &Mock, connections: &str) -> String {
 /// Runs a Python client script; it prints one line when its connections
 /// are in place and keeps them until its stdin closes.
 fn python(script: &str) -> (Child, String) {
-    let mut child = Command::new("python3")
+    let mut child = Command::new(loopgate_tests::python())
         .args(["-c", script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .expect("python3");
+        .expect("python (tests/setup-python.sh)");
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.as_mut().unwrap())
         .read_line(&mut line)

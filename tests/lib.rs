@@ -67,24 +67,60 @@ pub fn check_config(path: &std::path::Path) -> (Option<i32>, String) {
     )
 }
 
-/// Runs the official-SDK script `tests/sdk/{name}` with `python3` (or
-/// `$PYTHON`) and `args`; it must exit 0 and print `done`. Its output.
-/// `.ci/run` installs the SDKs; without them the test fails, not skips.
+/// The Python interpreter the tests run: `$PYTHON`, else the pinned
+/// environment `tests/setup-python.sh` creates (`<repo>/.venv-tests`, the
+/// packages and versions in `tests/requirements.txt`), else `python3`.
+/// The pinned environment first, so the packages installed system-wide
+/// (e.g. a newer `mcp` from `pip install mcp`) cannot change what the
+/// tests run against.
+pub fn python() -> PathBuf {
+    python_from("PYTHON", ".venv-tests")
+}
+
+/// The Python with the 1.x `mcp` SDK (`tests/requirements-mcp1.txt`), for
+/// the one test that keeps that SDK working: `$PYTHON_MCP1`, else
+/// `<repo>/.venv-tests-mcp1` (also made by `tests/setup-python.sh`), else
+/// `python3`.
+pub fn python_mcp1() -> PathBuf {
+    python_from("PYTHON_MCP1", ".venv-tests-mcp1")
+}
+
+fn python_from(var: &str, venv: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+        return p.into();
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(venv)
+        .join("bin")
+        .join("python");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
+
+/// Runs the official-SDK script `tests/sdk/{name}` with [`python`] and
+/// `args`; it must exit 0 and print `done`. Its output.
+/// `tests/setup-python.sh` installs the SDKs; without them the test fails,
+/// not skips.
 pub fn run_sdk_script(name: &str, args: &[&str], done: &str) -> String {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("sdk")
         .join(name);
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = python();
     let out = Command::new(&python)
         .arg(&script)
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("run {python}: {e}"));
+        .unwrap_or_else(|e| panic!("run {}: {e}", python.display()));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stdout.contains(done),
-        "SDK script {name} failed (pip install openai anthropic?)\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        "SDK script {name} failed with {} (run tests/setup-python.sh)\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        python.display()
     );
     stdout
 }

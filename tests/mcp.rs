@@ -1,6 +1,7 @@
 //! The MCP gateway end to end: agents -> Loopgate -> an MCP server (the
 //! mock's, over real sockets) with curl; the official `mcp` Python SDK
-//! (client and FastMCP server) in tests/mcp/.
+//! (client and server) in tests/mcp/, at its current 2.x release and, in
+//! tests/mcp/v1/, at 1.x; README's MCP example.
 
 use loopgate_tests::*;
 use serde_json::{json, Value};
@@ -334,27 +335,137 @@ fn a_server_answering_500_trips_its_breaker() {
     // A JSON-RPC error result does not count: only transport and 5xx do.
 }
 
-/// The official `mcp` Python SDK, client and server, through Loopgate.
+/// The official `mcp` Python SDK at its current release (2.x, pinned in
+/// tests/requirements.txt), client and server, through Loopgate. The
+/// client's default `auto` mode probes `server/discover`, which the
+/// gateway refuses, and falls back to the initialize handshake: the
+/// session runs the 2025-11-25 protocol (README, "MCP servers").
 #[test]
 fn the_official_mcp_sdk_works_through_the_gateway() {
     for mode in ["sse", "json"] {
-        let dir = scratch_dir("mcp-sdk");
-        let log = dir.join("calls.jsonl");
-        std::fs::write(&log, "").unwrap();
-        let (_server, port) = serve_on_a_free_port("the MCP SDK server", |port| {
-            std::process::Command::new("python3")
-                .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py"))
-                .args([port.to_string(), mode.to_string()])
-                .env("MCP_TEST_LOG", &log)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("python3 with the mcp SDK (pip install mcp)")
-        });
-        let server = format!(
-            "  sdk:\n    url: \"http://127.0.0.1:{port}/mcp\"\n    writes: [\"delete_*\", \"write_*\"]\n"
+        let v = official_sdk_session(&python(), "mcp", mode);
+        assert!(
+            v["mcp_version"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("2.")),
+            "{mode}: the 2.x SDK (run tests/setup-python.sh): {v}"
         );
-        let yaml = config(&Mock::start(), &server).replace(
+        assert_eq!(v["protocol_version"], "2025-11-25", "{mode}: {v}");
+    }
+}
+
+/// README's MCP example as a new user pastes it, against the demo's
+/// config (the mock's MCP server `files`, the demo agent's grant) with the
+/// current SDK. Issue 42: on mcp 2.x it failed at its first line
+/// (`cannot import name 'streamablehttp_client'`). It lists the granted
+/// tools only and prints the protocol the `auto` mode fell back to.
+#[test]
+fn readmes_mcp_example_runs_on_the_current_sdk() {
+    let mock = Mock::start();
+    let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../conf/demo.yaml"))
+        .expect("conf/demo.yaml")
+        .replace("127.0.0.1:8080", "127.0.0.1:{PORT}")
+        .replace("127.0.0.1:9091", "127.0.0.1:{ADMIN_PORT}")
+        .replace("http://127.0.0.1:18081", &mock.url());
+    let gw = Gateway::start_with_env(
+        &yaml,
+        &[
+            ("LOOPGATE_DEMO_UPSTREAM_KEY", "demo-upstream-key"),
+            ("LOOPGATE_ADMIN_TOKEN", "demo-admin-token"),
+        ],
+    );
+    let example = documented_python("/mcp/files");
+    assert!(
+        example.contains("http://127.0.0.1:8080/mcp/files"),
+        "{example}"
+    );
+    let example = example.replace("http://127.0.0.1:8080", &gw.url(""));
+    let python = python();
+    let out = std::process::Command::new(&python)
+        .args(["-c", &example])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "README's MCP example failed ({}):\n{}",
+        python.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        ["['read_file', 'search_docs']", "2025-11-25"],
+        "{example}"
+    );
+    // The SDK's one `server/discover` probe, refused by the gateway
+    // (method_not_allowed), is the connection's only denial.
+    assert_eq!(
+        gw.metric(r#"loopgate_mcp_requests_total{decision="deny",server="files",tool="-"}"#),
+        1.0
+    );
+}
+
+/// The first ```python block of README.md (or of a page under docs/, where
+/// the reference may move) that contains `needle`.
+fn documented_python(needle: &str) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut pages = vec![root.join("README.md")];
+    if let Ok(docs) = std::fs::read_dir(root.join("docs")) {
+        let mut docs: Vec<_> = docs.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        docs.sort();
+        pages.extend(
+            docs.into_iter()
+                .filter(|p| p.extension().is_some_and(|e| e == "md")),
+        );
+    }
+    for page in pages {
+        let text = std::fs::read_to_string(&page).unwrap_or_default();
+        for block in text.split("```python\n").skip(1) {
+            let code = block.split("\n```").next().unwrap_or_default();
+            if code.contains(needle) {
+                return format!("{code}\n");
+            }
+        }
+    }
+    panic!("no python example with {needle} in README.md or docs/");
+}
+
+/// The 1.x SDK (`mcp==1.26.0`, tests/requirements-mcp1.txt), client and
+/// FastMCP server (tests/mcp/v1/), still works through the gateway.
+#[test]
+fn the_mcp_sdk_1x_still_works_through_the_gateway() {
+    let v = official_sdk_session(&python_mcp1(), "mcp/v1", "sse");
+    assert_eq!(
+        v["mcp_version"], "1.26.0",
+        "the 1.x SDK (run tests/setup-python.sh): {v}"
+    );
+    assert_eq!(v["protocol_version"], "2025-11-25", "{v}");
+}
+
+/// Runs the official SDK's server (`{scripts}/server.py`, answering in
+/// `mode`) behind the gateway and its client (`{scripts}/client.py`)
+/// through it with `python`; checks what both ends saw and returns the
+/// client's report.
+fn official_sdk_session(python: &std::path::Path, scripts: &str, mode: &str) -> Value {
+    let scripts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(scripts);
+    let dir = scratch_dir("mcp-sdk");
+    let log = dir.join("calls.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let (_server, port) = serve_on_a_free_port("the MCP SDK server", |port| {
+        std::process::Command::new(python)
+            .arg(scripts.join("server.py"))
+            .args([port.to_string(), mode.to_string()])
+            .env("MCP_TEST_LOG", &log)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python with the mcp SDK (tests/setup-python.sh)")
+    });
+    let server = format!(
+        "  sdk:\n    url: \"http://127.0.0.1:{port}/mcp\"\n    writes: [\"delete_*\", \"write_*\"]\n"
+    );
+    let yaml = config(&Mock::start(), &server)
+        .replace(
             "      files: { tools: [read_file, \"search*\", write_note], write_calls_per_minute: 2 }",
             "      files: { tools: [read_file, \"search*\", write_note], write_calls_per_minute: 2 }\n      sdk: { tools: [read_file, \"search*\"] }",
         )
@@ -362,46 +473,47 @@ fn the_official_mcp_sdk_works_through_the_gateway() {
             "      files: { tools: [read_file] }",
             "      files: { tools: [read_file] }\n      sdk: { tools: [read_file] }",
         );
-        let gw = Gateway::start(&yaml);
-        let out = std::process::Command::new("python3")
-            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/client.py"))
-            .args([&gw.url("/mcp/sdk"), AGENT_KEY, OTHER_KEY])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{mode}: client failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(v["server_name"], "loopgate-test", "{mode}");
-        assert_eq!(
-            v["tools"],
-            json!(["read_file", "search_docs"]),
-            "{mode}: only granted tools"
-        );
-        assert_eq!(v["read_file"], "contents of /etc/motd");
-        assert_eq!(v["delete_file"]["loopgate_code"], "tool_not_allowed");
-        assert_eq!(v["delete_file"]["retryable"], false);
-        assert_eq!(v["loop"][0], "3 results for refund policy");
-        assert_eq!(
-            v["loop"][2]["loopgate_code"], "loop_detected",
-            "{mode}: {v}"
-        );
-        assert_eq!(v["hijack"]["status"], 404);
-        assert_eq!(
-            v["hijack"]["body"]["error"]["data"]["loopgate_code"],
-            "not_found"
-        );
-        // What reached the server: the allowed calls only.
-        let calls: Vec<Value> = std::fs::read_to_string(&log)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        let tools: Vec<&str> = calls.iter().map(|c| c["tool"].as_str().unwrap()).collect();
-        assert_eq!(tools, ["read_file", "search_docs", "search_docs"], "{mode}");
-    }
+    let gw = Gateway::start(&yaml);
+    let out = std::process::Command::new(python)
+        .arg(scripts.join("client.py"))
+        .args([&gw.url("/mcp/sdk"), AGENT_KEY, OTHER_KEY])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{mode}: client failed ({}): {}",
+        python.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["server_name"], "loopgate-test", "{mode}");
+    assert_eq!(
+        v["tools"],
+        json!(["read_file", "search_docs"]),
+        "{mode}: only granted tools"
+    );
+    assert_eq!(v["read_file"], "contents of /etc/motd");
+    assert_eq!(v["delete_file"]["loopgate_code"], "tool_not_allowed");
+    assert_eq!(v["delete_file"]["retryable"], false);
+    assert_eq!(v["loop"][0], "3 results for refund policy");
+    assert_eq!(
+        v["loop"][2]["loopgate_code"], "loop_detected",
+        "{mode}: {v}"
+    );
+    assert_eq!(v["hijack"]["status"], 404);
+    assert_eq!(
+        v["hijack"]["body"]["error"]["data"]["loopgate_code"],
+        "not_found"
+    );
+    // What reached the server: the allowed calls only.
+    let calls: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tools: Vec<&str> = calls.iter().map(|c| c["tool"].as_str().unwrap()).collect();
+    assert_eq!(tools, ["read_file", "search_docs", "search_docs"], "{mode}");
+    v
 }
 
 #[test]
@@ -620,21 +732,22 @@ fn a_server_stream_whose_client_left_is_closed_upstream_at_once() {
 /// stream it opens after `initialize` stays silent for 4 s, eight of the
 /// server's 500 ms idle limits (and read timeouts); its breaker, which
 /// opens after two failures, stays closed and the calls after the wait
-/// reach the FastMCP server (issue 41 item 13).
+/// reach the SDK's server (issue 41 item 13). On the 2.x SDK, which opens
+/// that stream after its fallback `initialize` too.
 #[test]
 fn the_official_sdk_keeps_a_long_idle_session() {
     let dir = scratch_dir("mcp-sdk-long");
     let log = dir.join("calls.jsonl");
     std::fs::write(&log, "").unwrap();
     let (_server, port) = serve_on_a_free_port("the MCP SDK server", |port| {
-        std::process::Command::new("python3")
+        std::process::Command::new(python())
             .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/server.py"))
             .args([port.to_string(), "sse".to_string()])
             .env("MCP_TEST_LOG", &log)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .expect("python3 with the mcp SDK (pip install mcp)")
+            .expect("python with the mcp SDK (tests/setup-python.sh)")
     });
     let server = format!(
         "  sdk:\n    url: \"http://127.0.0.1:{port}/mcp\"\n    timeouts: {{ read_ms: 500 }}\n    stream_idle_ms: 500\n    breaker: {{ consecutive_failures: 2, open_ms: 60000 }}\n"
@@ -644,7 +757,7 @@ fn the_official_sdk_keeps_a_long_idle_session() {
         "      files: { tools: [read_file, \"search*\", write_note], write_calls_per_minute: 2 }\n      sdk: { tools: [read_file] }",
     );
     let gw = Gateway::start(&yaml);
-    let out = std::process::Command::new("python3")
+    let out = std::process::Command::new(python())
         .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/long_session.py"))
         .args([&gw.url("/mcp/sdk"), AGENT_KEY, "4"])
         .output()
@@ -655,6 +768,13 @@ fn the_official_sdk_keeps_a_long_idle_session() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["mcp_version"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("2.")),
+        "the 2.x SDK (run tests/setup-python.sh): {v}"
+    );
+    assert_eq!(v["protocol_version"], "2025-11-25", "{v}");
     assert_eq!(
         v["calls"],
         json!([

@@ -1,19 +1,20 @@
-"""A real MCP server (the official SDK's FastMCP, streamable HTTP) for the
-end-to-end tests: two read tools and two write tools. Every tool call is
-appended to the file named by MCP_TEST_LOG, so a test can see exactly what
-reached the server.
+"""A real MCP server (the official SDK's MCPServer, 2.x, streamable HTTP)
+for the end-to-end tests: two read tools and two write tools. Every tool
+call is appended to the file named by MCP_TEST_LOG, so a test can see
+exactly what reached the server. `v1/server.py` is the same server on the
+1.x SDK (FastMCP).
 
-Usage: python3 server.py PORT [json|sse]
+Usage: python server.py PORT [json|sse]
 """
 import json
 import os
 import sys
 
-from mcp.server.fastmcp import FastMCP
+from mcp.server.mcpserver import MCPServer
 
 port = int(sys.argv[1])
 mode = sys.argv[2] if len(sys.argv) > 2 else "sse"
-server = FastMCP("loopgate-test", host="127.0.0.1", port=port, json_response=(mode == "json"), log_level="WARNING")
+server = MCPServer("loopgate-test", log_level="WARNING")
 log_path = os.environ["MCP_TEST_LOG"]
 
 
@@ -50,4 +51,5 @@ def write_note(text: str) -> str:
     return "saved"
 
 
-server.run(transport="streamable-http")
+# 2.x takes the address and the response mode at run, not in the constructor.
+server.run(transport="streamable-http", host="127.0.0.1", port=port, json_response=(mode == "json"))
