@@ -382,3 +382,47 @@ fn loopgate_check_names_each_mistake_once_and_nothing_else() {
         ]
     );
 }
+
+/// Issue 42: README said `loopgate check` prints the price catalog's date;
+/// it did not. It prints it with its age, and warns (on stderr, still
+/// exit 0) once the prices are more than 90 days old.
+#[test]
+fn loopgate_check_prints_the_price_catalogs_date_and_warns_when_stale() {
+    let mock = Mock::start();
+    let path = scratch_dir("check-prices").join("gateway.yaml");
+    std::fs::write(&path, default_config(&mock).replace("{PORT}", "0")).unwrap();
+    let out = Command::new(bin())
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("LOOPGATE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let catalog = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../gateway/data/prices.yaml"
+    ))
+    .unwrap();
+    let taken = catalog
+        .lines()
+        .find_map(|l| l.strip_prefix("taken:"))
+        .map(|d| d.trim().trim_matches('"').to_string())
+        .expect("the catalog's date");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("prices: "))
+        .unwrap_or_else(|| panic!("no prices line in {stdout}"));
+    let age: u64 = line
+        .strip_prefix(&format!("prices: built-in catalog taken {taken} ("))
+        .and_then(|rest| rest.strip_suffix(" days ago)"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    let warned = stderr.contains(&format!(
+        "warning: the built-in prices were taken {taken}, {age} days ago"
+    ));
+    assert_eq!(warned, age > 90, "{age} days: {stderr}");
+}

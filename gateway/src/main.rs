@@ -155,6 +155,21 @@ fn check(path: &Path) -> ExitCode {
                 cfg.agents.len(),
                 cfg.max_body_bytes
             );
+            let taken = config::prices::built_in_date();
+            match config::prices::built_in_age_days(std::time::SystemTime::now()) {
+                Some(age) if age > config::prices::STALE_AFTER_DAYS => {
+                    println!("prices: built-in catalog taken {taken} ({age} days ago)");
+                    eprintln!(
+                        "{}: warning: the built-in prices were taken {taken}, {age} days ago \
+                         (more than {}): check them against the providers' price pages and \
+                         set any that changed under models.<name>.price",
+                        cfg.file,
+                        config::prices::STALE_AFTER_DAYS
+                    );
+                }
+                Some(age) => println!("prices: built-in catalog taken {taken} ({age} days ago)"),
+                None => println!("prices: built-in catalog taken {taken}"),
+            }
             ExitCode::SUCCESS
         }
         Err(errs) => {

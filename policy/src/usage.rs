@@ -127,6 +127,8 @@ pub struct UsageScanner {
     /// (the Responses API's `.done` and `response.completed` events repeat
     /// the deltas whole).
     repeats: bool,
+    /// Whether generated text is counted at all (see [`UsageScanner::count_text`]).
+    count_text: bool,
     /// A reported count was past [`MAX_REPORTED_TOKENS`].
     clamped: bool,
 }
@@ -159,6 +161,7 @@ impl UsageScanner {
             text_bytes: 0,
             body_bytes: 0,
             repeats: false,
+            count_text: true,
             clamped: false,
         }
     }
@@ -211,6 +214,13 @@ impl UsageScanner {
         }
     }
 
+    /// Whether to count the generated text relayed (on by default). A
+    /// call whose usage settles nothing turns it off: the count reads
+    /// every event's JSON, about half the scanner's work on a stream.
+    pub fn count_text(&mut self, on: bool) {
+        self.count_text = on;
+    }
+
     /// SSE `data:` events seen so far: a running estimate of output tokens
     /// while a stream is under way (providers send about one token each).
     pub fn events(&self) -> u64 {
@@ -240,7 +250,7 @@ impl UsageScanner {
             if let Some(c) = read_counts(&self.kept) {
                 self.absorb(&c);
             }
-            if self.input.is_none() && self.output.is_none() {
+            if self.count_text && self.input.is_none() && self.output.is_none() {
                 // No usage to settle on: what the answer said is counted
                 // instead (only then: an answer with usage is not walked
                 // twice).
@@ -279,7 +289,7 @@ impl UsageScanner {
             return;
         };
         self.events += 1;
-        if !self.repeats {
+        if self.count_text && !self.repeats {
             self.text_bytes = self.text_bytes.saturating_add(output_text_bytes(data));
         }
         if USAGE_KEY.find(data).is_none() {
@@ -374,8 +384,11 @@ fn event_len(s: &[u8]) -> Option<usize> {
 
 /// Where `"choices"` is followed by an empty array, if anywhere.
 fn empty_choices(s: &[u8]) -> Option<usize> {
+    // Built once: building a searcher per event cost more than the search.
+    static CHOICES: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"choices\""));
     let mut from = 0;
-    while let Some(at) = memchr::memmem::find(&s[from..], b"\"choices\"") {
+    while let Some(at) = CHOICES.find(&s[from..]) {
         let after = from + at + b"\"choices\"".len();
         let mut rest = s[after..].iter().filter(|c| !c.is_ascii_whitespace());
         if rest.next() == Some(&b':') && rest.next() == Some(&b'[') && rest.next() == Some(&b']') {

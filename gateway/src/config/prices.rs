@@ -47,6 +47,34 @@ pub fn built_in_date() -> String {
         .unwrap_or_default()
 }
 
+/// The built-in prices are called stale past this many days: prices
+/// change, and `loopgate check` says so.
+pub const STALE_AFTER_DAYS: u64 = 90;
+
+/// How many whole days old the built-in prices are at `now` (`None` when
+/// the catalog's date cannot be read, or lies in the future).
+pub fn built_in_age_days(now: std::time::SystemTime) -> Option<u64> {
+    let taken = days_since_epoch(&built_in_date())?;
+    let today = now.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs() / 86_400;
+    u64::try_from(i64::try_from(today).ok()? - taken).ok()
+}
+
+/// Days from 1970-01-01 to a `YYYY-MM-DD` date in the proleptic Gregorian
+/// calendar (Howard Hinnant's `days_from_civil`).
+fn days_since_epoch(date: &str) -> Option<i64> {
+    let mut parts = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, d) = (parts.next()??, parts.next()??, parts.next()??);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    Some(era * 146_097 + doe - 719_468)
+}
+
 /// What the catalog knows of one model name (or `prefix*`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PriceEntry {
@@ -237,6 +265,20 @@ mod tests {
         };
         let t = build_prices(&mut errs, &models);
         (t, errs.list.iter().map(|e| e.to_string()).collect())
+    }
+
+    #[test]
+    fn dates_count_days_from_the_epoch() {
+        assert_eq!(days_since_epoch("1970-01-01"), Some(0));
+        assert_eq!(days_since_epoch("2000-03-01"), Some(11_017));
+        assert_eq!(days_since_epoch("2025-11-24"), Some(20_416));
+        assert_eq!(days_since_epoch("2025-13-01"), None);
+        assert_eq!(days_since_epoch("soon"), None);
+        let day = |n: u64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(n * 86_400);
+        let taken = days_since_epoch(&built_in_date()).unwrap() as u64;
+        assert_eq!(built_in_age_days(day(taken + 91)), Some(91));
+        assert_eq!(built_in_age_days(day(taken)), Some(0));
+        assert_eq!(built_in_age_days(day(taken - 1)), None);
     }
 
     #[test]

@@ -223,6 +223,7 @@ pub async fn admit(
     if let Plan::Model(m) = &mut j.plan {
         m.budget_room = taken.budget_room;
         m.money_room = taken.money_room;
+        m.settles = !taken.settle_keys.is_empty() || !taken.money_keys.is_empty();
     }
     // The fit is kept as long as the task's budget is.
     let spend_fit = prediction(&caller, &j).map(|_| rules.budgets.task_ttl);

@@ -80,6 +80,11 @@ pub struct ModelPlan {
     /// embeddings): what an answer whose usage cannot be read settles at,
     /// unless the gateway relayed more.
     pub reserved_output: u64,
+    /// The call holds token or money reservations that its usage settles:
+    /// only then is the output the gateway relayed counted (an answer
+    /// whose usage cannot be read settles on it), a scan of every event's
+    /// text that a call no budget or token limit watches need not pay.
+    pub settles: bool,
     /// The body's output limit, written per attempt for its target.
     pub output: loopgate_policy::OutputLimit,
     /// An OpenAI agent's `stream_options.include_usage`, for a stream

@@ -88,6 +88,7 @@ pub async fn judge(
         degraded_from: None,
         budget_room: None,
         money_room: None,
+        settles: false,
         estimated_prompt,
         reserved_output: match endpoint {
             Endpoint::Embeddings => 0,

@@ -58,7 +58,7 @@ impl Feature for UsageMeter {
             prompt: m.estimated_prompt,
             scanner: None,
             usage: None,
-            counts_output: m.endpoint != loopgate_policy::Endpoint::Embeddings,
+            counts_output: m.settles && m.endpoint != loopgate_policy::Endpoint::Embeddings,
             relayed: 0,
             ask_usage: m.ask_usage,
             dropper: None,
@@ -70,7 +70,9 @@ impl Feature for UsageMeter {
             .headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok());
-        self.scanner = Some(UsageScanner::for_content_type(ct));
+        let mut scanner = UsageScanner::for_content_type(ct);
+        scanner.count_text(self.counts_output);
+        self.scanner = Some(scanner);
         let sse = ct.is_some_and(|c| {
             c.get(..17)
                 .is_some_and(|p| p.eq_ignore_ascii_case("text/event-stream"))
