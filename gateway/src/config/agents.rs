@@ -216,6 +216,10 @@ fn build_rules(
         required_headers,
         max_body_bytes: max_body,
         max_tokens: a.max_tokens.or(policy.max_tokens),
+        over_limit: match a.max_tokens_over_limit.or(policy.max_tokens_over_limit) {
+            Some(spec::OverLimitSpec::Clamp) => loopgate_policy::rules::OverLimit::Clamp,
+            Some(spec::OverLimitSpec::Refuse) | None => loopgate_policy::rules::OverLimit::Refuse,
+        },
         max_messages: a.max_messages.or(policy.max_messages),
         phrases,
         limits: Limits {

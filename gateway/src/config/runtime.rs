@@ -169,6 +169,7 @@ impl Config {
                     "mode": format!("{:?}", a.mode).to_lowercase(),
                     "max_body_bytes": a.max_body_bytes,
                     "max_tokens": a.max_tokens,
+                    "max_tokens_over_limit": format!("{:?}", a.over_limit).to_lowercase(),
                     "max_messages": a.max_messages,
                     "required_headers": a.required_headers,
                     "blocked_phrases": a.phrases.as_ref().map(|p| p.len()),

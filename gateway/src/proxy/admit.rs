@@ -69,6 +69,9 @@ pub struct Judged {
     /// the task's token budget counts it, further windows (call rates).
     pub estimated_prompt: u64,
     pub max_tokens: u64,
+    /// `max_tokens` is the budgets' default output, the body set none
+    /// (per completion; a budget refusal says so).
+    pub default_output: Option<u64>,
     pub task_budget: bool,
     pub extra: Vec<WindowTake>,
     /// A model call under a money budget: what it reserves.
@@ -312,6 +315,7 @@ async fn shared_steps(
         max_tokens: Some(j.max_tokens),
         task: caller.task.filter(|_| j.task_budget),
         money: j.money,
+        default_output: j.default_output,
     };
     let taken = rules
         .admit_limits(env.store, env.clock.now(), &limits, verdict)

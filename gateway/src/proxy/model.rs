@@ -124,6 +124,7 @@ pub async fn judge(
         fail: FailMode::new(false),
         estimated_prompt,
         max_tokens: plan.output_tokens,
+        default_output: plan.default_output,
         task_budget: true,
         extra: Vec::new(),
         money,
