@@ -132,6 +132,11 @@ pub struct LimitRequest<'a> {
     /// budgets' `default_max_tokens` (this many per completion): a budget
     /// refusal says so, and how to ask for less.
     pub default_output: Option<u64>,
+    /// Whether the token and money budgets and the token rate count this
+    /// call. `false` for a `count_tokens` call: it produces nothing and
+    /// costs nothing, so it takes only the request rate and an in-flight
+    /// slot.
+    pub budgets: bool,
 }
 
 /// What an admitted request holds on its limits.
@@ -350,7 +355,8 @@ impl AgentRules {
         header: impl Fn(&str) -> Option<&'h [u8]>,
         verdict: &mut Verdict,
     ) -> Result<(), Deny> {
-        let path = (!self.paths.as_ref().is_none_or(|p| p.contains(&endpoint))).then(|| {
+        let allowed = endpoint.allowed_as();
+        let path = (!self.paths.as_ref().is_none_or(|p| p.contains(&allowed))).then(|| {
             Deny::new(
                 DenyCode::PathNotAllowed,
                 format!("agent `{}` may not call {}", self.name, endpoint.path()),
@@ -522,7 +528,7 @@ impl AgentRules {
     ) -> Result<LimitsTaken, Deny> {
         let reserve =
             req.estimated_prompt + req.max_tokens.unwrap_or(self.budgets.default_max_tokens);
-        if let (None, Some(limit)) = (req.task, self.budgets.task_tokens) {
+        if let (None, Some(limit), true) = (req.task, self.budgets.task_tokens, req.budgets) {
             // A request without a task id is a task of its own.
             if reserve > limit {
                 let d = Deny::new(
@@ -633,7 +639,7 @@ impl AgentRules {
                 enforce: !self.is_dry_run(DenyCode::RateLimited),
             });
         }
-        if let Some(limit) = self.limits.tokens_per_minute {
+        if let (Some(limit), true) = (self.limits.tokens_per_minute, req.budgets) {
             windows.push(WindowTake {
                 key: self.keys.tpm.clone(),
                 limit,
@@ -643,7 +649,7 @@ impl AgentRules {
             });
         }
         let budget_enforced = !self.is_dry_run(DenyCode::BudgetExceeded);
-        if let Some(limit) = self.budgets.daily_tokens {
+        if let (Some(limit), true) = (self.budgets.daily_tokens, req.budgets) {
             windows.push(WindowTake {
                 key: self.keys.day.clone(),
                 limit,
@@ -652,7 +658,7 @@ impl AgentRules {
                 enforce: budget_enforced,
             });
         }
-        if let (Some(limit), Some(task)) = (self.budgets.task_tokens, req.task) {
+        if let (Some(limit), Some(task), true) = (self.budgets.task_tokens, req.task, req.budgets) {
             windows.push(WindowTake {
                 key: format!("{}:budget:task:{task}", self.name).into(),
                 limit,
@@ -661,7 +667,7 @@ impl AgentRules {
                 enforce: budget_enforced,
             });
         }
-        if let Some(money) = req.money {
+        if let (Some(money), true) = (req.money, req.budgets) {
             let team = self.team.as_deref();
             let task_key = req.task.map(|t| self.keys.usd_task(t));
             for (limit, key, window) in [
@@ -1279,6 +1285,7 @@ mod tests {
             extra: &[],
             money: None,
             default_output: None,
+            budgets: true,
             estimated_prompt: 42,
             max_tokens: None,
             task: None,
@@ -1386,6 +1393,7 @@ mod tests {
             extra: &[],
             money: None,
             default_output: None,
+            budgets: true,
             estimated_prompt: 1,
             max_tokens: Some(0),
             task: None,
@@ -1464,6 +1472,67 @@ mod tests {
     }
 
     #[test]
+    fn count_tokens_is_allowed_with_messages_and_takes_no_budget() {
+        let mut r = rules();
+        r.paths = Some([Endpoint::Messages].into());
+        assert!(head(&r, Endpoint::CountTokens, Some("t")).is_ok());
+        r.paths = Some([Endpoint::ChatCompletions].into());
+        let d = head(&r, Endpoint::CountTokens, Some("t")).unwrap_err();
+        assert_eq!(d.code, DenyCode::PathNotAllowed);
+        assert!(
+            d.message.ends_with("/v1/messages/count_tokens"),
+            "{}",
+            d.message
+        );
+        r.limits = Limits {
+            requests_per_minute: Some(10),
+            tokens_per_minute: Some(1000),
+            max_in_flight: Some(2),
+        };
+        r.budgets = Budgets {
+            task_tokens: Some(1000),
+            daily_tokens: Some(5000),
+            daily_usd: Some(1_000_000),
+            ..Budgets::default()
+        };
+        let money = MoneyAsk {
+            reserve: 5,
+            prompt: 1,
+            price: crate::Price::default(),
+        };
+        let req = |budgets| LimitRequest {
+            extra: &[],
+            money: Some(money),
+            default_output: None,
+            budgets,
+            estimated_prompt: 10,
+            max_tokens: Some(0),
+            task: Some("t1"),
+        };
+        let keys = |budgets| {
+            let (w, s) = r.limit_takes(&req(budgets));
+            (
+                w.iter().map(|w| w.key.to_string()).collect::<Vec<_>>(),
+                s.len(),
+            )
+        };
+        assert_eq!(
+            keys(true),
+            (
+                vec![
+                    "a:rpm".to_string(),
+                    "a:tpm".into(),
+                    "a:budget:day".into(),
+                    "a:budget:task:t1".into(),
+                    "a:usd:day".into()
+                ],
+                1
+            )
+        );
+        assert_eq!(keys(false), (vec!["a:rpm".to_string()], 1));
+    }
+
+    #[test]
     fn a_budget_refusal_of_the_default_output_says_so() {
         let mut r = rules();
         r.max_tokens = None;
@@ -1487,6 +1556,7 @@ mod tests {
             extra: &[],
             money: None,
             default_output,
+            budgets: true,
             estimated_prompt: 10,
             max_tokens: Some(2000),
             task: Some("t1"),
@@ -1529,6 +1599,7 @@ mod tests {
             extra: &[],
             money: None,
             default_output: None,
+            budgets: true,
             estimated_prompt: prompt,
             max_tokens: max,
             task: Some("t1"),
@@ -1633,6 +1704,7 @@ mod tests {
             extra: &[],
             money: Some(money),
             default_output: None,
+            budgets: true,
             estimated_prompt: 100,
             max_tokens: Some(100),
             task: Some(task),
@@ -1714,6 +1786,7 @@ mod tests {
         let (w, _) = r.limit_takes(&LimitRequest {
             money: None,
             default_output: None,
+            budgets: true,
             ..req("t", ask(1, 1))
         });
         assert!(w.is_empty());

@@ -287,14 +287,26 @@ fn endpoints(errs: &mut Errs, at: &str, paths: &[String]) -> HashSet<Endpoint> {
     let mut set = HashSet::new();
     for (j, p) in paths.iter().enumerate() {
         match Endpoint::from_path(p) {
-            Some(e) => {
+            Some(e) if e.allowed_as() == e => {
                 set.insert(e);
             }
+            Some(e) => errs.push(
+                format!("{at}.paths[{j}]"),
+                format!(
+                    "`{p}` is allowed wherever `{}` is: name that",
+                    e.allowed_as().path()
+                ),
+            ),
             None => errs.push(
                 format!("{at}.paths[{j}]"),
                 format!(
                     "`{p}` is not an endpoint Loopgate serves (one of: {})",
-                    list(Endpoint::ALL.iter().map(|e| e.path()))
+                    list(
+                        Endpoint::ALL
+                            .iter()
+                            .filter(|e| e.allowed_as() == **e)
+                            .map(|e| e.path())
+                    )
                 ),
             ),
         }

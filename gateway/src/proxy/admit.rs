@@ -52,6 +52,9 @@ pub enum Admitted {
 pub enum Answer {
     /// `GET /v1/models`, for this agent.
     ListModels(usize, Option<DenyCode>),
+    /// `count_tokens` on a route without an Anthropic-family target: the
+    /// gateway's own count of the prompt's tokens.
+    CountTokens(u64, Option<DenyCode>),
     /// A repeated idempotency key: the recorded tool response.
     Replay(loopgate_policy::IdemRecord),
 }
@@ -316,6 +319,8 @@ async fn shared_steps(
         task: caller.task.filter(|_| j.task_budget),
         money: j.money,
         default_output: j.default_output,
+        // A token count is charged to no budget (see `model::count_tokens`).
+        budgets: !matches!(&j.plan, Plan::Model(m) if m.endpoint == loopgate_policy::Endpoint::CountTokens),
     };
     let taken = rules
         .admit_limits(env.store, env.clock.now(), &limits, verdict)
