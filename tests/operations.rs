@@ -412,13 +412,11 @@ fn loopgate_check_prints_the_price_catalogs_date_and_warns_when_stale() {
         .find_map(|l| l.strip_prefix("taken:"))
         .map(|d| d.trim().trim_matches('"').to_string())
         .expect("the catalog's date");
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("prices: "))
-        .unwrap_or_else(|| panic!("no prices line in {stdout}"));
+    assert_eq!(stdout.lines().count(), 1, "one-line summary: {stdout}");
+    let line = stdout.trim_end();
     let age: u64 = line
-        .strip_prefix(&format!("prices: built-in catalog taken {taken} ("))
-        .and_then(|rest| rest.strip_suffix(" days ago)"))
+        .split_once(&format!(", prices taken {taken} ("))
+        .and_then(|(_, rest)| rest.strip_suffix(" days ago)"))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{line}"));
     let warned = stderr.contains(&format!(

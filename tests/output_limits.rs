@@ -340,3 +340,125 @@ fn the_strict_mock_refuses_what_the_providers_refuse() {
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["param"], "max_tokens");
 }
+
+const CLAMPED_KEY: &str = "clamped-key";
+const BUDGETED_KEY: &str = "budgeted-key";
+
+/// Agents of issue 42 item 5: LangChain's `ChatAnthropic` sends its
+/// model's whole output maximum (64000) unasked.
+fn over_limit_config(mock: &Mock) -> String {
+    format!(
+        r#"
+listen: 127.0.0.1:{{PORT}}
+threads: 2
+providers:
+  an: {{ kind: anthropic, base_url: "{mock}", api_key_env: LOOPGATE_TEST_UPSTREAM_KEY }}
+routes:
+  - models: [claude-sonnet-4-5]
+    targets: [ {{ provider: an }} ]
+agents:
+  refuser:
+    key_sha256: "{refuser}"
+    models: [claude-sonnet-4-5]
+    max_tokens: 4096
+  clamped:
+    key_sha256: "{clamped}"
+    models: [claude-sonnet-4-5]
+    max_tokens: 4096
+    max_tokens_over_limit: clamp
+  budgeted:
+    key_sha256: "{budgeted}"
+    models: [claude-sonnet-4-5]
+    budgets: {{ daily_usd: 0.01, default_max_tokens: 4096 }}
+"#,
+        mock = mock.url(),
+        refuser = sha256_hex(AGENT_KEY.as_bytes()),
+        clamped = sha256_hex(CLAMPED_KEY.as_bytes()),
+        budgeted = sha256_hex(BUDGETED_KEY.as_bytes()),
+    )
+}
+
+fn messages(extra: Value) -> Value {
+    let mut body =
+        json!({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    body
+}
+
+#[test]
+fn a_larger_limit_is_refused_naming_the_setting_or_lowered_when_the_agent_clamps() {
+    let mock = Mock::start_with(&["--strict"]);
+    let gw = Gateway::start(&over_limit_config(&mock));
+    let langchain = messages(json!({"max_tokens": 64000}));
+    // Off (the default): refused before anything is sent, and the message
+    // names the setting that would lower it instead.
+    let before = mock.requests().len();
+    let r = post(&gw, AGENT_KEY, "/v1/messages", &langchain, &[]);
+    r.assert_gateway_error(400, "max_tokens_exceeded");
+    assert_eq!(
+        r.json()["error"]["message"],
+        "max_tokens 64000 exceeds this agent's limit of 4096 (set \
+         `max_tokens_over_limit: clamp` for this agent to lower it to the limit instead)"
+    );
+    assert_eq!(
+        mock.requests().len(),
+        before,
+        "nothing reached the provider"
+    );
+    // On: answered, and the provider received the agent's maximum.
+    let r = post(&gw, CLAMPED_KEY, "/v1/messages", &langchain, &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(limits(&forwarded(&mock)), [("max_tokens", json!(4096))]);
+    // A limit within the agent's goes as sent.
+    let r = post(
+        &gw,
+        CLAMPED_KEY,
+        "/v1/messages",
+        &messages(json!({"max_tokens": 300})),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(limits(&forwarded(&mock)), [("max_tokens", json!(300))]);
+}
+
+#[test]
+fn a_small_call_refused_for_the_default_output_reservation_is_told_to_set_max_tokens() {
+    let mock = Mock::start_with(&["--strict"]);
+    // The budgets alone (no agent clamps here).
+    let yaml = over_limit_config(&mock).replace("    max_tokens_over_limit: clamp\n", "");
+    let gw = Gateway::start(&yaml);
+    let before = mock.requests().len();
+    // No output limit: 4096 tokens of claude-sonnet-4-5's output ($15 per
+    // million) are reserved, $0.061, past the $0.01 daily budget.
+    let r = post(&gw, BUDGETED_KEY, "/v1/messages", &messages(json!({})), &[]);
+    r.assert_gateway_error(402, "budget_exceeded");
+    let msg = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        msg.ends_with(
+            "(the request set no output limit, so `budgets.default_max_tokens` (4096 output \
+             tokens per completion) was reserved for its answer: set `max_tokens` to what the \
+             call needs)"
+        ),
+        "{msg}"
+    );
+    assert_eq!(
+        mock.requests().len(),
+        before,
+        "nothing reached the provider"
+    );
+    // Doing as it says: a call that names its limit fits.
+    let r = post(
+        &gw,
+        BUDGETED_KEY,
+        "/v1/messages",
+        &messages(json!({"max_tokens": 100})),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(limits(&forwarded(&mock)), [("max_tokens", json!(100))]);
+}

@@ -146,8 +146,15 @@ fn run(path: &Path) -> ExitCode {
 fn check(path: &Path) -> ExitCode {
     match config::load(path) {
         Ok(cfg) => {
+            let taken = config::prices::built_in_date();
+            let age = config::prices::built_in_age_days(std::time::SystemTime::now());
+            let prices = match age {
+                Some(age) => format!("prices taken {taken} ({age} days ago)"),
+                None => format!("prices taken {taken}"),
+            };
+            // One line: scripts read it.
             println!(
-                "{}: ok: listen {}, {} providers, {} routed models, {} agents, max body {} bytes",
+                "{}: ok: listen {}, {} providers, {} routed models, {} agents, max body {} bytes, {prices}",
                 cfg.file,
                 cfg.listen,
                 cfg.providers.len(),
@@ -155,20 +162,14 @@ fn check(path: &Path) -> ExitCode {
                 cfg.agents.len(),
                 cfg.max_body_bytes
             );
-            let taken = config::prices::built_in_date();
-            match config::prices::built_in_age_days(std::time::SystemTime::now()) {
-                Some(age) if age > config::prices::STALE_AFTER_DAYS => {
-                    println!("prices: built-in catalog taken {taken} ({age} days ago)");
-                    eprintln!(
-                        "{}: warning: the built-in prices were taken {taken}, {age} days ago \
-                         (more than {}): check them against the providers' price pages and \
-                         set any that changed under models.<name>.price",
-                        cfg.file,
-                        config::prices::STALE_AFTER_DAYS
-                    );
-                }
-                Some(age) => println!("prices: built-in catalog taken {taken} ({age} days ago)"),
-                None => println!("prices: built-in catalog taken {taken}"),
+            if let Some(age) = age.filter(|a| *a > config::prices::STALE_AFTER_DAYS) {
+                eprintln!(
+                    "{}: warning: the built-in prices were taken {taken}, {age} days ago \
+                     (more than {}): check them against the providers' price pages and \
+                     set any that changed under models.<name>.price",
+                    cfg.file,
+                    config::prices::STALE_AFTER_DAYS
+                );
             }
             ExitCode::SUCCESS
         }

@@ -214,7 +214,8 @@ impl Endpoint {
                 Some("max_tokens")
             }
             Endpoint::Responses => Some("max_output_tokens"),
-            Endpoint::Embeddings | Endpoint::Models => None,
+            // count_tokens takes no output limit: it writes nothing.
+            Endpoint::Embeddings | Endpoint::CountTokens | Endpoint::Models => None,
         }
     }
 }

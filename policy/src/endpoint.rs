@@ -10,17 +10,23 @@ pub enum Endpoint {
     Responses,
     /// Anthropic Messages API.
     Messages,
+    /// Anthropic's `POST /v1/messages/count_tokens`: a Messages body
+    /// (without an output limit), answered `{"input_tokens": N}`. Judged
+    /// as a Messages call, charged to no budget, and allowed wherever
+    /// `/v1/messages` is ([`Endpoint::allowed_as`]).
+    CountTokens,
     /// `GET /v1/models`, answered by the gateway with the agent's models.
     Models,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 6] = [
+    pub const ALL: [Endpoint; 7] = [
         Endpoint::ChatCompletions,
         Endpoint::Completions,
         Endpoint::Embeddings,
         Endpoint::Responses,
         Endpoint::Messages,
+        Endpoint::CountTokens,
         Endpoint::Models,
     ];
 
@@ -33,6 +39,7 @@ impl Endpoint {
             "/v1/embeddings" => Endpoint::Embeddings,
             "/v1/responses" => Endpoint::Responses,
             "/v1/messages" => Endpoint::Messages,
+            "/v1/messages/count_tokens" => Endpoint::CountTokens,
             "/v1/models" => Endpoint::Models,
             _ => return None,
         })
@@ -45,6 +52,7 @@ impl Endpoint {
             Endpoint::Embeddings => "/v1/embeddings",
             Endpoint::Responses => "/v1/responses",
             Endpoint::Messages => "/v1/messages",
+            Endpoint::CountTokens => "/v1/messages/count_tokens",
             Endpoint::Models => "/v1/models",
         }
     }
@@ -59,7 +67,21 @@ impl Endpoint {
 
     /// Whether the body must carry a `messages` array.
     pub fn needs_messages(self) -> bool {
-        matches!(self, Endpoint::ChatCompletions | Endpoint::Messages)
+        matches!(
+            self,
+            Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::CountTokens
+        )
+    }
+
+    /// The endpoint an agent's `paths:` allowlist must name for this one:
+    /// counting a Messages call's tokens is allowed wherever the call
+    /// itself is (SDKs and frameworks count before they send), so
+    /// `count_tokens` is never named on its own.
+    pub fn allowed_as(self) -> Endpoint {
+        match self {
+            Endpoint::CountTokens => Endpoint::Messages,
+            e => e,
+        }
     }
 
     /// Whether the request carries a JSON body with a `model`.
@@ -83,6 +105,8 @@ mod tests {
             "/V1/models",
             "/v1/models/gpt-4o",
             "//v1/messages",
+            "/v1/messages/count_tokens/",
+            "/v1/messages/count_tokens/../../models",
             "",
         ] {
             assert_eq!(Endpoint::from_path(p), None, "{p}");

@@ -22,6 +22,18 @@ pub enum Mode {
     DryRun,
 }
 
+/// What `max_tokens_over_limit` does with a body asking for more output
+/// tokens than the agent's `max_tokens`: refuse it (400, the default), or
+/// lower it to the agent's limit and send it (frameworks such as
+/// LangChain send a model's whole output maximum, 64000, unasked by
+/// their user).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OverLimit {
+    #[default]
+    Refuse,
+    Clamp,
+}
+
 /// Per-agent limits; `None` means no limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Limits {
@@ -116,6 +128,15 @@ pub struct LimitRequest<'a> {
     pub extra: &'a [WindowTake],
     /// A model call under a money budget: what it reserves.
     pub money: Option<MoneyAsk>,
+    /// The body set no output limit, and the output reserved is the
+    /// budgets' `default_max_tokens` (this many per completion): a budget
+    /// refusal says so, and how to ask for less.
+    pub default_output: Option<u64>,
+    /// Whether the token and money budgets and the token rate count this
+    /// call. `false` for a `count_tokens` call: it produces nothing and
+    /// costs nothing, so it takes only the request rate and an in-flight
+    /// slot.
+    pub budgets: bool,
 }
 
 /// What an admitted request holds on its limits.
@@ -187,6 +208,8 @@ pub struct AgentRules {
     pub required_headers: Vec<String>,
     pub max_body_bytes: u64,
     pub max_tokens: Option<u64>,
+    /// A larger `max_tokens` asked: refused, or lowered to `max_tokens`.
+    pub over_limit: OverLimit,
     pub max_messages: Option<usize>,
     pub phrases: Option<Arc<PhraseMatcher>>,
     pub limits: Limits,
@@ -284,7 +307,17 @@ pub struct BodyPlan {
     /// sent or to be inserted, else the budgets' `default_max_tokens`)
     /// times `n`. A target's cap only lowers what is sent.
     pub output_tokens: u64,
+    /// The body bounds no output: `output_tokens` is the budgets'
+    /// `default_max_tokens` per completion (inserted as its limit when
+    /// budgets are enforced). A budget refusal says so
+    /// ([`LimitRequest::default_output`]).
+    pub default_output: Option<u64>,
 }
+
+/// What a refusal of a larger `max_tokens` adds: the setting that would
+/// have lowered it instead.
+const OVER_LIMIT_HINT: &str =
+    " (set `max_tokens_over_limit: clamp` for this agent to lower it to the limit instead)";
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -299,6 +332,7 @@ impl AgentRules {
             required_headers: Vec::new(),
             max_body_bytes,
             max_tokens: None,
+            over_limit: OverLimit::Refuse,
             max_messages: None,
             phrases: None,
             limits: Limits::default(),
@@ -321,7 +355,8 @@ impl AgentRules {
         header: impl Fn(&str) -> Option<&'h [u8]>,
         verdict: &mut Verdict,
     ) -> Result<(), Deny> {
-        let path = (!self.paths.as_ref().is_none_or(|p| p.contains(&endpoint))).then(|| {
+        let allowed = endpoint.allowed_as();
+        let path = (!self.paths.as_ref().is_none_or(|p| p.contains(&allowed))).then(|| {
             Deny::new(
                 DenyCode::PathNotAllowed,
                 format!("agent `{}` may not call {}", self.name, endpoint.path()),
@@ -366,18 +401,32 @@ impl AgentRules {
         verdict.judge(self, self.tool_denial(facts))?;
         let n = facts.choices();
         let mut insert = None;
+        // `max_tokens_over_limit: clamp`: the agent's limit replaces the
+        // larger one asked, sent under the field each target reads (as an
+        // inserted limit is). Not under dry-run: the body goes unchanged.
+        let clamp =
+            self.over_limit == OverLimit::Clamp && !self.is_dry_run(DenyCode::MaxTokensExceeded);
+        let mut clamped = false;
         let tokens = match (self.max_tokens, facts.max_tokens) {
-            (Some(max), Some(asked)) if asked.saturating_mul(n) > max => Some(Deny::new(
-                DenyCode::MaxTokensExceeded,
-                if n > 1 {
-                    format!(
-                            "max_tokens {asked} for each of n = {n} completions ({}) exceeds this agent's limit of {max}",
-                            asked.saturating_mul(n)
-                        )
+            (Some(max), Some(asked)) if asked.saturating_mul(n) > max => {
+                if clamp && max / n > 0 {
+                    insert = Some(max / n);
+                    clamped = true;
+                    None
                 } else {
-                    format!("max_tokens {asked} exceeds this agent's limit of {max}")
-                },
-            )),
+                    Some(Deny::new(
+                        DenyCode::MaxTokensExceeded,
+                        if n > 1 {
+                            format!(
+                                "max_tokens {asked} for each of n = {n} completions ({}) exceeds this agent's limit of {max}{OVER_LIMIT_HINT}",
+                                asked.saturating_mul(n)
+                            )
+                        } else {
+                            format!("max_tokens {asked} exceeds this agent's limit of {max}{OVER_LIMIT_HINT}")
+                        },
+                    ))
+                }
+            }
             (Some(max), None) => match facts.max_tokens_field {
                 Some(_) if max / n == 0 => Some(Deny::new(
                     DenyCode::MaxTokensExceeded,
@@ -394,24 +443,28 @@ impl AgentRules {
             _ => None,
         };
         verdict.judge(self, tokens)?;
+        let mut default_output = None;
         if insert.is_none() && facts.max_tokens.is_none() && facts.max_tokens_field.is_some() {
             // A budget reserves `default_max_tokens` per completion for a
             // body that bounds nothing; unsent, that size would bound
             // nothing either (the provider's default output, however large,
             // would settle far past the reservation).
             insert = self.reserved_output_insert();
+            default_output = Some(self.budgets.default_max_tokens);
         }
-        let per_choice = facts
-            .max_tokens
-            .or(insert)
-            .unwrap_or(self.budgets.default_max_tokens);
+        let per_choice = match clamped {
+            true => insert,
+            false => facts.max_tokens.or(insert),
+        }
+        .unwrap_or(self.budgets.default_max_tokens);
         let plan = BodyPlan {
             output: OutputLimit {
                 present: facts.limit_fields,
-                asked: facts.limit_field.zip(facts.max_tokens),
+                asked: facts.limit_field.zip(facts.max_tokens).filter(|_| !clamped),
                 insert,
             },
             output_tokens: per_choice.saturating_mul(n),
+            default_output,
         };
         let messages = match (self.max_messages, facts.messages) {
             (Some(max), Some(n)) if n > max => Some(Deny::new(
@@ -474,7 +527,7 @@ impl AgentRules {
         verdict: &mut Verdict,
     ) -> Result<LimitsTaken, Deny> {
         let reserve = self.token_reserve(req);
-        if let (None, Some(limit)) = (req.task, self.budgets.task_tokens) {
+        if let (None, Some(limit), true) = (req.task, self.budgets.task_tokens, req.budgets) {
             // A request without a task id is a task of its own.
             if reserve > limit {
                 let d = Deny::new(
@@ -482,13 +535,13 @@ impl AgentRules {
                     format!("this request reserves {reserve} tokens, more than the task budget of {limit}"),
                 )
                 .never_retryable();
-                verdict.judge(self, Some(d))?;
+                verdict.judge(self, Some(default_hint(req, d)))?;
             }
         }
         if let (None, Some(limit), Some(money)) = (req.task, self.budgets.task_usd, req.money) {
             if money.reserve > limit {
                 let d = money_deny(BudgetLevel::Task, limit, money.reserve, None);
-                verdict.judge(self, Some(d))?;
+                verdict.judge(self, Some(default_hint(req, d)))?;
             }
         }
         let (windows, slots) = self.limit_takes(req);
@@ -504,7 +557,7 @@ impl AgentRules {
                 if let Some(r) = would_refuse {
                     verdict
                         .would_deny
-                        .get_or_insert(self.refusal_deny(&r, &windows, &slots));
+                        .get_or_insert(default_hint(req, self.refusal_deny(&r, &windows, &slots)));
                 }
                 let out = reserve.saturating_sub(req.estimated_prompt);
                 let mut room: Option<u64> = None;
@@ -560,7 +613,9 @@ impl AgentRules {
                     money_used,
                 })
             }
-            Ok(AdmitOutcome::Refused(r)) => Err(self.refusal_deny(&r, &windows, &slots)),
+            Ok(AdmitOutcome::Refused(r)) => {
+                Err(default_hint(req, self.refusal_deny(&r, &windows, &slots)))
+            }
             Err(e) => Err(Deny::new(
                 DenyCode::StateUnavailable,
                 format!("limits could not be checked: {}", e.0),
@@ -591,7 +646,7 @@ impl AgentRules {
                 enforce: !self.is_dry_run(DenyCode::RateLimited),
             });
         }
-        if let Some(limit) = self.limits.tokens_per_minute {
+        if let (Some(limit), true) = (self.limits.tokens_per_minute, req.budgets) {
             windows.push(WindowTake {
                 key: self.keys.tpm.clone(),
                 limit,
@@ -601,7 +656,7 @@ impl AgentRules {
             });
         }
         let budget_enforced = !self.is_dry_run(DenyCode::BudgetExceeded);
-        if let Some(limit) = self.budgets.daily_tokens {
+        if let (Some(limit), true) = (self.budgets.daily_tokens, req.budgets) {
             windows.push(WindowTake {
                 key: self.keys.day.clone(),
                 limit,
@@ -610,7 +665,7 @@ impl AgentRules {
                 enforce: budget_enforced,
             });
         }
-        if let (Some(limit), Some(task)) = (self.budgets.task_tokens, req.task) {
+        if let (Some(limit), Some(task), true) = (self.budgets.task_tokens, req.task, req.budgets) {
             windows.push(WindowTake {
                 key: format!("{}:budget:task:{task}", self.name).into(),
                 limit,
@@ -619,7 +674,7 @@ impl AgentRules {
                 enforce: budget_enforced,
             });
         }
-        if let Some(money) = req.money {
+        if let (Some(money), true) = (req.money, req.budgets) {
             let team = self.team.as_deref();
             let task_key = req.task.map(|t| self.keys.usd_task(t));
             for (limit, key, window) in [
@@ -810,6 +865,19 @@ impl AgentRules {
 /// A money budget's refusal: 402 `budget_exceeded` naming the level and
 /// the amounts; with `Retry-After` when the window will free room (a task
 /// budget never does: it is the task's in all).
+/// A budget refusal of a call whose body set no output limit: the
+/// reservation was the budgets' `default_max_tokens`, which the agent never
+/// chose; it is told so, and that asking for less may fit.
+fn default_hint(req: &LimitRequest<'_>, mut d: Deny) -> Deny {
+    if let (DenyCode::BudgetExceeded, Some(default)) = (d.code, req.default_output) {
+        d.message.push_str(&format!(
+            " (the request set no output limit, so `budgets.default_max_tokens` ({default} output tokens \
+             per completion) was reserved for its answer: set `max_tokens` to what the call needs)"
+        ));
+    }
+    d
+}
+
 fn money_deny(level: BudgetLevel, limit: u64, reserve: u64, retry_after: Option<Duration>) -> Deny {
     let d = Deny::new(
         DenyCode::BudgetExceeded,
@@ -946,7 +1014,8 @@ mod tests {
                     present: [crate::LimitField::MaxTokens].into_iter().collect(),
                     insert: None
                 },
-                output_tokens: 100
+                output_tokens: 100,
+                default_output: None
             }
         );
         let d = plan(&r, &with(Some(50), Some(3))).unwrap_err();
@@ -966,7 +1035,8 @@ mod tests {
                     insert: Some(100),
                     ..OutputLimit::default()
                 },
-                output_tokens: 100
+                output_tokens: 100,
+                default_output: None
             }
         );
         let mut f = with(None, Some(3));
@@ -978,7 +1048,8 @@ mod tests {
                     insert: Some(33),
                     ..OutputLimit::default()
                 },
-                output_tokens: 99
+                output_tokens: 99,
+                default_output: None
             }
         );
         assert_eq!(
@@ -996,7 +1067,8 @@ mod tests {
             plan(&dry, &with(None, None)).unwrap(),
             BodyPlan {
                 output: OutputLimit::default(),
-                output_tokens: 1024
+                output_tokens: 1024,
+                default_output: Some(1024)
             }
         );
         // Without a limit: the default output reservation, times n.
@@ -1006,7 +1078,8 @@ mod tests {
             plan(&free, &with(None, Some(4))).unwrap(),
             BodyPlan {
                 output: OutputLimit::default(),
-                output_tokens: 4096
+                output_tokens: 4096,
+                default_output: Some(1024)
             }
         );
     }
@@ -1049,7 +1122,8 @@ mod tests {
                         insert: Some(100),
                         ..OutputLimit::default()
                     },
-                    output_tokens: 300
+                    output_tokens: 300,
+                    default_output: Some(100)
                 }
             );
             // The agent's own limit goes as it sent it.
@@ -1217,6 +1291,8 @@ mod tests {
         let (w, s) = r.limit_takes(&LimitRequest {
             extra: &[],
             money: None,
+            default_output: None,
+            budgets: true,
             estimated_prompt: 42,
             max_tokens: None,
             task: None,
@@ -1323,10 +1399,196 @@ mod tests {
         LimitRequest {
             extra: &[],
             money: None,
+            default_output: None,
+            budgets: true,
             estimated_prompt: 1,
             max_tokens: Some(0),
             task: None,
         }
+    }
+
+    #[test]
+    fn a_larger_limit_is_refused_naming_the_setting_or_clamped_to_the_agents() {
+        let asked = |max_tokens: u64, n| BodyFacts {
+            max_tokens: Some(max_tokens),
+            limit_field: Some(crate::LimitField::MaxTokens),
+            limit_fields: [crate::LimitField::MaxTokens].into_iter().collect(),
+            n,
+            max_tokens_field: Some("max_tokens"),
+            ..facts()
+        };
+        let mut r = rules(); // max_tokens limit 100
+        let d = plan(&r, &asked(64000, None)).unwrap_err();
+        assert_eq!(
+            (d.code, d.code.status()),
+            (DenyCode::MaxTokensExceeded, 400)
+        );
+        assert_eq!(
+            d.message,
+            "max_tokens 64000 exceeds this agent's limit of 100 (set \
+             `max_tokens_over_limit: clamp` for this agent to lower it to the limit instead)"
+        );
+        r.over_limit = OverLimit::Clamp;
+        // Lowered to the limit, sent under the field the target reads
+        // (the field the agent used is replaced, not kept beside it).
+        let p = plan(&r, &asked(64000, None)).unwrap();
+        assert_eq!(
+            p,
+            BodyPlan {
+                output: OutputLimit {
+                    present: [crate::LimitField::MaxTokens].into_iter().collect(),
+                    asked: None,
+                    insert: Some(100),
+                },
+                output_tokens: 100,
+                default_output: None,
+            }
+        );
+        let target = crate::TargetOutput {
+            field: crate::LimitField::MaxTokens,
+            max_output: None,
+            clamp_asked: false,
+        };
+        assert_eq!(
+            p.output.edit(&target).unwrap().set,
+            Some((crate::LimitField::MaxTokens, 100))
+        );
+        // Shared among n completions: 3 × 33.
+        let p = plan(&r, &asked(64000, Some(3))).unwrap();
+        assert_eq!((p.output.insert, p.output_tokens), (Some(33), 99));
+        // A limit within the agent's goes as sent.
+        let p = plan(&r, &asked(40, None)).unwrap();
+        assert_eq!(
+            (p.output.asked, p.output.insert),
+            (Some((crate::LimitField::MaxTokens, 40)), None)
+        );
+        // Not even one token per completion fits: still refused.
+        assert_eq!(
+            plan(&r, &asked(5, Some(101))).unwrap_err().code,
+            DenyCode::MaxTokensExceeded
+        );
+        // Under dry-run the body goes unchanged (the refusal only reported).
+        r.dry_run.insert(DenyCode::MaxTokensExceeded);
+        let mut v = Verdict::default();
+        let p = r.check_body(&asked(64000, None), &mut v).unwrap();
+        assert_eq!(p.output.asked, Some((crate::LimitField::MaxTokens, 64000)));
+        assert_eq!(
+            v.would_deny.map(|d| d.code),
+            Some(DenyCode::MaxTokensExceeded)
+        );
+    }
+
+    #[test]
+    fn count_tokens_is_allowed_with_messages_and_takes_no_budget() {
+        let mut r = rules();
+        r.paths = Some([Endpoint::Messages].into());
+        assert!(head(&r, Endpoint::CountTokens, Some("t")).is_ok());
+        r.paths = Some([Endpoint::ChatCompletions].into());
+        let d = head(&r, Endpoint::CountTokens, Some("t")).unwrap_err();
+        assert_eq!(d.code, DenyCode::PathNotAllowed);
+        assert!(
+            d.message.ends_with("/v1/messages/count_tokens"),
+            "{}",
+            d.message
+        );
+        r.limits = Limits {
+            requests_per_minute: Some(10),
+            tokens_per_minute: Some(1000),
+            max_in_flight: Some(2),
+        };
+        r.budgets = Budgets {
+            task_tokens: Some(1000),
+            daily_tokens: Some(5000),
+            daily_usd: Some(1_000_000),
+            ..Budgets::default()
+        };
+        let money = MoneyAsk {
+            reserve: 5,
+            prompt: 1,
+            price: crate::Price::default(),
+        };
+        let req = |budgets| LimitRequest {
+            extra: &[],
+            money: Some(money),
+            default_output: None,
+            budgets,
+            estimated_prompt: 10,
+            max_tokens: Some(0),
+            task: Some("t1"),
+        };
+        let keys = |budgets| {
+            let (w, s) = r.limit_takes(&req(budgets));
+            (
+                w.iter().map(|w| w.key.to_string()).collect::<Vec<_>>(),
+                s.len(),
+            )
+        };
+        assert_eq!(
+            keys(true),
+            (
+                vec![
+                    "a:rpm".to_string(),
+                    "a:tpm".into(),
+                    "a:budget:day".into(),
+                    "a:budget:task:t1".into(),
+                    "a:usd:day".into()
+                ],
+                1
+            )
+        );
+        assert_eq!(keys(false), (vec!["a:rpm".to_string()], 1));
+    }
+
+    #[test]
+    fn a_budget_refusal_of_the_default_output_says_so() {
+        let mut r = rules();
+        r.max_tokens = None;
+        r.budgets = Budgets {
+            task_tokens: Some(1000),
+            default_max_tokens: 2000,
+            ..Budgets::default()
+        };
+        let bare = BodyFacts {
+            max_tokens: None,
+            max_tokens_field: Some("max_tokens"),
+            ..facts()
+        };
+        let p = plan(&r, &bare).unwrap();
+        assert_eq!(
+            (p.default_output, p.output.insert),
+            (Some(2000), Some(2000))
+        );
+        let store = crate::MemoryStore::new();
+        let req = |default_output| LimitRequest {
+            extra: &[],
+            money: None,
+            default_output,
+            budgets: true,
+            estimated_prompt: 10,
+            max_tokens: Some(2000),
+            task: Some("t1"),
+        };
+        let mut v = Verdict::default();
+        let d = block_on(r.admit_limits(&store, Duration::ZERO, &req(p.default_output), &mut v))
+            .unwrap_err();
+        assert_eq!((d.code, d.code.status()), (DenyCode::BudgetExceeded, 402));
+        assert_eq!(
+            d.message,
+            "this request reserves 2010 tokens; the task budget of 1000 tokens cannot fit it \
+             (the request set no output limit, so `budgets.default_max_tokens` (2000 output \
+             tokens per completion) was reserved for its answer: set `max_tokens` to what the \
+             call needs)"
+        );
+        // The agent's own limit: no such hint.
+        let d = block_on(r.admit_limits(&store, Duration::ZERO, &req(None), &mut v)).unwrap_err();
+        assert!(!d.message.contains("default_max_tokens"), "{}", d.message);
+        // Without a task id, the up-front task check says the same.
+        let alone = LimitRequest {
+            task: None,
+            ..req(Some(2000))
+        };
+        let d = block_on(r.admit_limits(&store, Duration::ZERO, &alone, &mut v)).unwrap_err();
+        assert!(d.message.contains("set `max_tokens`"), "{}", d.message);
     }
 
     #[test]
@@ -1343,6 +1605,8 @@ mod tests {
         let req = |prompt, max: Option<u64>| LimitRequest {
             extra: &[],
             money: None,
+            default_output: None,
+            budgets: true,
             estimated_prompt: prompt,
             max_tokens: max,
             task: Some("t1"),
@@ -1431,6 +1695,8 @@ mod tests {
                 money: None,
                 estimated_prompt: 2,
                 max_tokens: Some(u64::MAX),
+                default_output: None,
+                budgets: true,
                 task,
             };
             // 2 + (2^64 - 1) wrapped to 1, which fit the 1000.
@@ -1481,6 +1747,8 @@ mod tests {
         let req = |task, money| LimitRequest {
             extra: &[],
             money: Some(money),
+            default_output: None,
+            budgets: true,
             estimated_prompt: 100,
             max_tokens: Some(100),
             task: Some(task),
@@ -1561,6 +1829,8 @@ mod tests {
         // No money asked (a tool call): no money windows.
         let (w, _) = r.limit_takes(&LimitRequest {
             money: None,
+            default_output: None,
+            budgets: true,
             ..req("t", ask(1, 1))
         });
         assert!(w.is_empty());

@@ -216,6 +216,10 @@ fn build_rules(
         required_headers,
         max_body_bytes: max_body,
         max_tokens: a.max_tokens.or(policy.max_tokens),
+        over_limit: match a.max_tokens_over_limit.or(policy.max_tokens_over_limit) {
+            Some(spec::OverLimitSpec::Clamp) => loopgate_policy::rules::OverLimit::Clamp,
+            Some(spec::OverLimitSpec::Refuse) | None => loopgate_policy::rules::OverLimit::Refuse,
+        },
         max_messages: a.max_messages.or(policy.max_messages),
         phrases,
         limits: Limits {
@@ -283,14 +287,26 @@ fn endpoints(errs: &mut Errs, at: &str, paths: &[String]) -> HashSet<Endpoint> {
     let mut set = HashSet::new();
     for (j, p) in paths.iter().enumerate() {
         match Endpoint::from_path(p) {
-            Some(e) => {
+            Some(e) if e.allowed_as() == e => {
                 set.insert(e);
             }
+            Some(e) => errs.push(
+                format!("{at}.paths[{j}]"),
+                format!(
+                    "`{p}` is allowed wherever `{}` is: name that",
+                    e.allowed_as().path()
+                ),
+            ),
             None => errs.push(
                 format!("{at}.paths[{j}]"),
                 format!(
                     "`{p}` is not an endpoint Loopgate serves (one of: {})",
-                    list(Endpoint::ALL.iter().map(|e| e.path()))
+                    list(
+                        Endpoint::ALL
+                            .iter()
+                            .filter(|e| e.allowed_as() == **e)
+                            .map(|e| e.path())
+                    )
                 ),
             ),
         }

@@ -62,7 +62,9 @@ impl Provider {
     /// Whether this provider speaks the API behind `endpoint`.
     pub fn serves(&self, endpoint: Endpoint) -> bool {
         match self.kind {
-            ProviderKind::Anthropic => endpoint == Endpoint::Messages,
+            ProviderKind::Anthropic => {
+                matches!(endpoint, Endpoint::Messages | Endpoint::CountTokens)
+            }
             ProviderKind::Openai | ProviderKind::OpenaiCompatible => matches!(
                 endpoint,
                 Endpoint::ChatCompletions

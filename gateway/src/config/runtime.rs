@@ -24,7 +24,7 @@ pub use super::mcp::{McpAccess, McpServer};
 pub use super::providers::Provider;
 use super::providers::{build_provider, PROVIDER_FIELDS};
 use super::routes::{build_models, build_routes};
-pub use super::routes::{Route, Routes};
+pub use super::routes::{Route, Routes, Target};
 use super::state::build_state;
 pub use super::state::{RedisSettings, StateSettings, TaskBounds};
 use super::tools::build_tools;
@@ -169,6 +169,7 @@ impl Config {
                     "mode": format!("{:?}", a.mode).to_lowercase(),
                     "max_body_bytes": a.max_body_bytes,
                     "max_tokens": a.max_tokens,
+                    "max_tokens_over_limit": format!("{:?}", a.over_limit).to_lowercase(),
                     "max_messages": a.max_messages,
                     "required_headers": a.required_headers,
                     "blocked_phrases": a.phrases.as_ref().map(|p| p.len()),
@@ -700,7 +701,7 @@ routes:
   - models: [m, "a*b"]
     targets: [ { provider: ghost, weight: 0 } ]
 agents:
-  a: { key_sha256: "xyz", models: [], paths: [/admin] }
+  a: { key_sha256: "xyz", models: [], paths: [/admin, /v1/messages/count_tokens] }
 "#;
         let e = build_str(bad).unwrap_err().join("\n");
         for want in [
@@ -714,6 +715,7 @@ agents:
             "t.yaml: agents.a.key_sha256: must be 64 hex digits",
             "t.yaml: agents.a.models: at least one model is required",
             "t.yaml: agents.a.paths[0]: `/admin` is not an endpoint",
+            "t.yaml: agents.a.paths[1]: `/v1/messages/count_tokens` is allowed wherever `/v1/messages` is: name that",
         ] {
             assert!(e.contains(want), "missing {want:?} in\n{e}");
         }

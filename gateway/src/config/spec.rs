@@ -640,6 +640,8 @@ pub struct AgentSpec {
     #[serde(default)]
     pub max_tokens: Option<u64>,
     #[serde(default)]
+    pub max_tokens_over_limit: Option<OverLimitSpec>,
+    #[serde(default)]
     pub max_messages: Option<usize>,
     #[serde(default)]
     pub required_headers: Option<Vec<String>>,
@@ -659,6 +661,14 @@ pub struct AgentSpec {
     pub watchdog: Option<WatchdogSpec>,
 }
 
+/// `max_tokens_over_limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverLimitSpec {
+    Refuse,
+    Clamp,
+}
+
 /// Global rule defaults; every field can be overridden per agent.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -676,6 +686,10 @@ pub struct PolicySpec {
     /// Largest `max_tokens` (or `max_completion_tokens`, `max_output_tokens`).
     #[serde(default)]
     pub max_tokens: Option<u64>,
+    /// A request asking for more than `max_tokens`: `refuse` (default,
+    /// 400 `max_tokens_exceeded`) or `clamp` (sent with `max_tokens`).
+    #[serde(default)]
+    pub max_tokens_over_limit: Option<OverLimitSpec>,
     /// Largest number of `messages`.
     #[serde(default)]
     pub max_messages: Option<usize>,

@@ -280,7 +280,7 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
     if faults.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
     }
-    let anthropic = path == "/v1/messages";
+    let anthropic = path.starts_with("/v1/messages");
     if let Some(status) = faults.status {
         let body = responses::error_body(anthropic, status, "injected fault");
         let retry_after = faults.retry_after.map(|s| s.to_string());
@@ -324,6 +324,20 @@ async fn handle(session: &mut ServerSession, state: &MockState) -> bool {
             "body_sha256": hex::encode(Sha256::digest(&body)),
         });
         return write_json(session, 200, &echo, &[]).await;
+    }
+    if (method.as_str(), path.as_str()) == ("POST", "/v1/messages/count_tokens") {
+        // Anthropic's answer; the count is the body's length over four
+        // (the gateway's own count differs, so a test tells who counted).
+        return match parsed.filter(|v| v.is_object()) {
+            Some(_) => {
+                let tokens = (body.len() / 4).max(1);
+                write_json(session, 200, &json!({ "input_tokens": tokens }), &[]).await
+            }
+            None => {
+                let body = responses::error_body(true, 400, "body must be a JSON object");
+                write_json(session, 400, &body, &[]).await
+            }
+        };
     }
     let endpoint = match (method.as_str(), path.as_str()) {
         ("GET", "/v1/models") => {

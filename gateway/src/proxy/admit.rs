@@ -52,6 +52,9 @@ pub enum Admitted {
 pub enum Answer {
     /// `GET /v1/models`, for this agent.
     ListModels(usize, Option<DenyCode>),
+    /// `count_tokens` on a route without an Anthropic-family target: the
+    /// gateway's own count of the prompt's tokens.
+    CountTokens(u64, Option<DenyCode>),
     /// A repeated idempotency key: the recorded tool response.
     Replay(loopgate_policy::IdemRecord),
 }
@@ -69,6 +72,9 @@ pub struct Judged {
     /// the task's token budget counts it, further windows (call rates).
     pub estimated_prompt: u64,
     pub max_tokens: u64,
+    /// `max_tokens` is the budgets' default output, the body set none
+    /// (per completion; a budget refusal says so).
+    pub default_output: Option<u64>,
     pub task_budget: bool,
     pub extra: Vec<WindowTake>,
     /// A model call under a money budget: what it reserves.
@@ -313,6 +319,9 @@ async fn shared_steps(
         max_tokens: Some(j.max_tokens),
         task: caller.task.filter(|_| j.task_budget),
         money: j.money,
+        default_output: j.default_output,
+        // A token count is charged to no budget (see `model::count_tokens`).
+        budgets: !matches!(&j.plan, Plan::Model(m) if m.endpoint == loopgate_policy::Endpoint::CountTokens),
     };
     let taken = rules
         .admit_limits(env.store, env.clock.now(), &limits, verdict)

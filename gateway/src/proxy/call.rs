@@ -80,7 +80,7 @@ impl Call {
         match call {
             Some(Call::Tool { .. }) => Wire::ToolJson,
             Some(Call::Mcp { .. }) => Wire::JsonRpc,
-            Some(Call::Model(Endpoint::Messages)) => Wire::Anthropic,
+            Some(Call::Model(Endpoint::Messages | Endpoint::CountTokens)) => Wire::Anthropic,
             Some(Call::Model(_)) | None => Wire::Json,
         }
     }
@@ -141,5 +141,15 @@ mod tests {
         assert_eq!(classify("POST", "/v1/chat").unwrap_err().status(), 404);
         assert_eq!(classify("POST", "/tools").unwrap_err().status(), 404);
         assert_eq!(Call::wire(None), Wire::Json);
+        // Anthropic's token count: a model call, answered in its family.
+        let count = classify("POST", "/v1/messages/count_tokens").unwrap();
+        assert_eq!(count, Call::Model(Endpoint::CountTokens));
+        assert_eq!(Call::wire(Some(&count)), Wire::Anthropic);
+        assert_eq!(
+            classify("GET", "/v1/messages/count_tokens")
+                .unwrap_err()
+                .status(),
+            405
+        );
     }
 }

@@ -174,6 +174,7 @@ pub async fn judge(
         fail,
         estimated_prompt: 0,
         max_tokens: 0,
+        default_output: None,
         money: None,
         task_budget: false,
         extra,

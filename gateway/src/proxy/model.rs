@@ -50,7 +50,11 @@ pub async fn judge(
         .judging(body.len() as u64 * super::buffers::JUDGING_PER_BODY_BYTE)?;
     // Held until the context guard has counted too (on a refusal, until
     // the request ends).
-    let (facts, loop_call) = judge_body(endpoint, &body, rules, caller.loop_guard()).await?;
+    // A token count is no step of a task: the loop guard never sees it.
+    let loops = caller
+        .loop_guard()
+        .filter(|_| endpoint != Endpoint::CountTokens);
+    let (facts, loop_call) = judge_body(endpoint, &body, rules, loops).await?;
     if facts.model.bytes().any(|b| b < 0x20 || b == 0x7f) {
         // It is echoed in headers and logs; no provider names a model so.
         return Err(Deny::new(
@@ -61,6 +65,11 @@ pub async fn judge(
         .into());
     }
     let plan = rules.check_body(&facts, verdict)?;
+    if endpoint == Endpoint::CountTokens {
+        let judged = count_tokens(caller, facts, body, verdict).await;
+        ctx.intake.shrink(work);
+        return judged;
+    }
     let (route_name, route) = find_route(caller, endpoint, &facts.model)?;
     let watch = caller.context_watch();
     let context_share =
@@ -125,6 +134,7 @@ pub async fn judge(
         fail: FailMode::new(false),
         estimated_prompt,
         max_tokens: plan.output_tokens,
+        default_output: plan.default_output,
         task_budget: true,
         extra: Vec::new(),
         money,
@@ -134,6 +144,105 @@ pub async fn judge(
         isolation: None,
         idem_claim: None,
         plan: Plan::Model(model_plan),
+    })))
+}
+
+/// `POST /v1/messages/count_tokens`, judged like a Messages call (key,
+/// paths, model, tools, phrases, body checks: done by the caller). Sent to
+/// the Anthropic-family targets of the model's route only (the OpenAI API
+/// has no such endpoint; the route is narrowed to them for this call),
+/// and answered with `x-loopgate-count: provider`. A route without one is
+/// answered by the gateway: the prompt's tokens as its tokenizer counts
+/// them (its estimate where the model has none), `{"input_tokens": N}`,
+/// `x-loopgate-count: estimated`. Either way the call is charged to no
+/// budget and is no step for the loop guard or the watchdog: it takes
+/// only the request rate and an in-flight slot.
+async fn count_tokens(
+    caller: &Caller<'_>,
+    facts: BodyFacts,
+    body: Bytes,
+    verdict: &Verdict,
+) -> Result<Judgement, GatewayError> {
+    let (name, route) = caller.cfg.routes.find(&facts.model).ok_or_else(|| {
+        Deny::new(
+            DenyCode::UnknownModel,
+            format!("no route for model `{}`", clip(&facts.model, 200)),
+        )
+    })?;
+    let counting: Vec<&crate::config::runtime::Target> = route
+        .targets
+        .iter()
+        .filter(|t| t.provider.serves(Endpoint::CountTokens))
+        .collect();
+    if counting.is_empty() {
+        let estimate = facts.estimated_prompt_tokens();
+        let model = route.sent_model(0, &facts.model).to_string();
+        let small = body.len() <= JUDGE_ASIDE_BYTES;
+        let count = move || {
+            loopgate_policy::prompt::count_prompt(Endpoint::CountTokens, &model, &body, estimate).0
+        };
+        // Counting a large prompt's tokens is judging work.
+        let tokens = if small { count() } else { aside(count).await? };
+        return Ok(Judgement::Answer(Answer::CountTokens(
+            tokens,
+            verdict.would_deny.as_ref().map(|d| d.code),
+        )));
+    }
+    let route = if counting.len() == route.targets.len() {
+        route.clone()
+    } else {
+        // Only for this call: a count on a route of both families.
+        Arc::new(Route {
+            targets: counting
+                .iter()
+                .map(|t| crate::config::runtime::Target {
+                    provider: t.provider.clone(),
+                    weight: t.weight,
+                    model: t.model.clone(),
+                    chat_limit_field: t.chat_limit_field,
+                })
+                .collect(),
+            max_attempts: route.max_attempts,
+            max_total: route.max_total,
+            models: route.models.clone(),
+            has_anthropic: true,
+            has_openai: false,
+        })
+    };
+    Ok(Judgement::Forward(Box::new(Judged {
+        route_name: Arc::from(name),
+        route,
+        body,
+        body_read: true,
+        body_rewritten: false,
+        fail: FailMode::new(false),
+        estimated_prompt: 0,
+        max_tokens: 0,
+        default_output: None,
+        task_budget: false,
+        extra: Vec::new(),
+        money: None,
+        loop_call: None,
+        watched: false,
+        context_share: None,
+        isolation: None,
+        idem_claim: None,
+        plan: Plan::Model(ModelPlan {
+            endpoint: Endpoint::CountTokens,
+            model: facts.model,
+            stream: false,
+            degraded_from: None,
+            budget_room: None,
+            money_room: None,
+            settles: false,
+            estimated_prompt: 0,
+            reserved_output: 0,
+            output: loopgate_policy::OutputLimit::default(),
+            usage_chunk: false,
+            ask_usage: false,
+            native_only: None,
+            translated: Translated::default(),
+        }),
     })))
 }
 

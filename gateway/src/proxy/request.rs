@@ -84,6 +84,15 @@ impl Gateway {
                     .map_err(|e| GatewayError::Internal(format!("cannot write model list: {e}")))?;
                 return Ok(true);
             }
+            Admitted::Answered(Answer::CountTokens(tokens, would_deny)) => {
+                if let Some(code) = would_deny {
+                    self.metrics.would_deny(code);
+                }
+                respond::write_count(session, ctx, tokens, would_deny)
+                    .await
+                    .map_err(|e| GatewayError::Internal(format!("cannot write the count: {e}")))?;
+                return Ok(true);
+            }
             Admitted::Answered(Answer::Replay(record)) => {
                 ctx.replayed = true;
                 respond::write_replay(session, ctx, &record)

@@ -238,6 +238,12 @@ pub fn decision_headers(resp: &mut ResponseHeader, ctx: &RequestCtx) -> pingora:
         }
     }
     if let Some(adm) = ctx.admitted.as_ref() {
+        if adm
+            .model()
+            .is_some_and(|m| m.endpoint == loopgate_policy::Endpoint::CountTokens)
+        {
+            resp.insert_header(COUNT_HEADER, "provider")?;
+        }
         if let Some(code) = adm.would_deny {
             resp.insert_header(WOULD_DENY_HEADER, code.as_str())?;
         }
@@ -381,6 +387,33 @@ pub async fn write_replay(
     session
         .write_response_body(Some(Bytes::from(record.body.clone())), true)
         .await
+}
+
+/// Says who counted a `count_tokens` answer: `provider` (an
+/// Anthropic-family target of the route) or `estimated` (the gateway).
+pub const COUNT_HEADER: &str = "x-loopgate-count";
+
+/// `count_tokens` answered by the gateway: Anthropic's shape,
+/// `{"input_tokens": N}`, said to be the gateway's estimate.
+pub async fn write_count(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    tokens: u64,
+    would_deny: Option<loopgate_policy::DenyCode>,
+) -> pingora::Result<()> {
+    let body = serde_json::json!({ "input_tokens": tokens });
+    let mut extra: Vec<(&'static str, String)> = vec![(COUNT_HEADER, "estimated".into())];
+    if let Some(c) = would_deny {
+        extra.push((WOULD_DENY_HEADER, c.as_str().to_string()));
+    }
+    write_json(
+        session,
+        ctx,
+        200,
+        serde_json::to_vec(&body).unwrap_or_default(),
+        &extra,
+    )
+    .await
 }
 
 /// `GET /v1/models`: the models this agent may use that have a route, in the

@@ -52,7 +52,9 @@ impl UsageMeter {
 
 impl Feature for UsageMeter {
     fn arm(adm: &Admission) -> Option<Self> {
-        adm.model().map(|m| UsageMeter {
+        // A token count is no exchange: nothing to settle or cost.
+        let m = adm.model()?;
+        (m.endpoint != loopgate_policy::Endpoint::CountTokens).then(|| UsageMeter {
             room: m.budget_room,
             money_room: m.money_room,
             prompt: m.estimated_prompt,
