@@ -467,14 +467,7 @@ async fn serve_mcp_stream(session: &mut ServerSession, state: &MockState) -> boo
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
         .filter(|ms| *ms > 0)
         .map(Duration::from_millis);
-    let mut resp = match ResponseHeader::build(200, Some(3)) {
-        Ok(r) => r,
-        Err(_) => return false,
-    };
-    let _ = resp.insert_header("content-type", "text/event-stream");
-    let _ = resp.insert_header("cache-control", "no-cache");
-    let _ = resp.insert_header("transfer-encoding", "chunked");
-    if session.write_response_header(Box::new(resp)).await.is_err() {
+    if !write_sse_header(session).await {
         return false;
     }
     /// Counts the stream open until it is dropped.
@@ -509,6 +502,17 @@ async fn serve_mcp_stream(session: &mut ServerSession, state: &MockState) -> boo
     }
 }
 
+/// A 200 event-stream header, chunked; false when it could not be written.
+async fn write_sse_header(session: &mut ServerSession) -> bool {
+    let Ok(mut resp) = ResponseHeader::build(200, Some(3)) else {
+        return false;
+    };
+    let _ = resp.insert_header("content-type", "text/event-stream");
+    let _ = resp.insert_header("cache-control", "no-cache");
+    let _ = resp.insert_header("transfer-encoding", "chunked");
+    session.write_response_header(Box::new(resp)).await.is_ok()
+}
+
 /// A session id that differs between calls and processes.
 fn rand_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -523,14 +527,7 @@ async fn stream_events(
     ex: &responses::Exchange,
     faults: &Faults,
 ) -> bool {
-    let mut resp = match ResponseHeader::build(200, Some(4)) {
-        Ok(r) => r,
-        Err(_) => return false,
-    };
-    let _ = resp.insert_header("content-type", "text/event-stream");
-    let _ = resp.insert_header("cache-control", "no-cache");
-    let _ = resp.insert_header("transfer-encoding", "chunked");
-    if session.write_response_header(Box::new(resp)).await.is_err() {
+    if !write_sse_header(session).await {
         return false;
     }
     let events = ex.stream_events();

@@ -276,9 +276,21 @@ pub fn content_type(resp: &ResponseHeader) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
+/// Whether the response's media type is `media` (`text/event-stream`,
+/// `application/json`), parameters aside. Media types are
+/// case-insensitive: every feature asks here, so a `Text/Event-Stream`
+/// answer is a stream to each of them, not a stream to one and a body to
+/// another (list filtering, usage, translation, the JSON check).
+pub fn has_media_type(resp: &ResponseHeader, media: &str) -> bool {
+    content_type(resp).is_some_and(|c| {
+        c.get(..media.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(media))
+    })
+}
+
 /// Whether the response is an event stream.
 pub fn is_event_stream(resp: &ResponseHeader) -> bool {
-    content_type(resp).is_some_and(|c| c.starts_with("text/event-stream"))
+    has_media_type(resp, "text/event-stream")
 }
 
 /// `fail_to_proxy`: answers the error the exchange ended with. The answer
@@ -471,6 +483,25 @@ pub async fn write_models(
 mod tests {
     use super::*;
     use loopgate_policy::{Deny, DenyCode};
+
+    #[test]
+    fn media_types_are_read_alike_whatever_their_case() {
+        let with = |ct: &str| {
+            let mut r = ResponseHeader::build(200, None).unwrap();
+            r.insert_header("content-type", ct).unwrap();
+            r
+        };
+        for ct in ["text/event-stream", "Text/Event-Stream; charset=utf-8"] {
+            assert!(is_event_stream(&with(ct)), "{ct}");
+        }
+        assert!(has_media_type(
+            &with("APPLICATION/JSON"),
+            "application/json"
+        ));
+        assert!(!is_event_stream(&with("application/json")));
+        assert!(!is_event_stream(&with("text/event")));
+        assert!(!is_event_stream(&ResponseHeader::build(200, None).unwrap()));
+    }
 
     #[test]
     fn json_errors_have_the_documented_shape() {

@@ -40,10 +40,7 @@ impl Feature for JsonCheck {
         let status = resp.status.as_u16();
         // An MCP server may answer with an SSE stream (JSON-RPC events,
         // not one JSON body) or 202 to a notification.
-        let sse = resp
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let sse = crate::proxy::respond::is_event_stream(resp);
         let mcp = matches!(adm.plan, Plan::Mcp(_));
         if (200..300).contains(&status) && !(mcp && (sse || status == 202)) {
             self.kept = Some(Vec::new());

@@ -9,6 +9,7 @@ use super::{Admission, Env, Feature};
 use crate::config::runtime::McpAccess;
 use crate::proxy::ctx::Plan;
 use crate::proxy::failure::UNREADABLE;
+use crate::proxy::respond;
 use bytes::Bytes;
 use loopgate_policy::mcp::ListFilter as Filter;
 use pingora::http::ResponseHeader;
@@ -48,13 +49,8 @@ impl Feature for ListFilter {
         _adm: &Admission,
         resp: &mut ResponseHeader,
     ) -> pingora::Result<()> {
-        let ct = resp
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let json = ct.starts_with("application/json");
-        let sse = ct.starts_with("text/event-stream");
+        let json = respond::has_media_type(resp, "application/json");
+        let sse = respond::is_event_stream(resp);
         if !(200..300).contains(&resp.status.as_u16()) || !(json || sse) {
             return Ok(());
         }

@@ -75,10 +75,7 @@ impl Feature for UsageMeter {
         let mut scanner = UsageScanner::for_content_type(ct);
         scanner.count_text(self.counts_output);
         self.scanner = Some(scanner);
-        let sse = ct.is_some_and(|c| {
-            c.get(..17)
-                .is_some_and(|p| p.eq_ignore_ascii_case("text/event-stream"))
-        });
+        let sse = crate::proxy::respond::is_event_stream(resp);
         self.dropper = (self.ask_usage && sse).then(UsageChunkDropper::default);
     }
 
